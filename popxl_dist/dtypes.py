@@ -1,0 +1,139 @@
+"""PopXL data types (`popxl.float32`, `popxl.int32`, ...) and their NumPy equivalents."""
+from __future__ import annotations
+
+import builtins
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+__all__ = [
+    "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "half", "float8_143", "float8_152", "float16", "float", "float32", "double", "float64",
+    "complex64", "complex128",
+]
+
+_FLOAT8_MSG = (
+    "{name} is not supported by the popxl-dist emulator yet: float8 storage and the "
+    "pow2scale casts are not implemented"
+)
+
+
+class dtype:
+    """A PopXL data type. Instances are singletons: compare them with `==` or `is`."""
+
+    _by_name: Dict[str, "dtype"] = {}
+    _by_numpy: Dict[np.dtype, "dtype"] = {}
+
+    def __init__(self, name: str, np_type: Optional[np.dtype], is_complex: builtins.bool,
+                 is_int: builtins.bool, is_floating_point: builtins.bool,
+                 is_signed: builtins.bool, torch_name: Optional[str]):
+        self._name = name
+        self._np = np_type
+        self._is_complex = is_complex
+        self._is_int = is_int
+        self._is_floating_point = is_floating_point
+        self._is_signed = is_signed
+        self._torch_name = torch_name
+        dtype._by_name[name] = self
+        if np_type is not None and np_type.fields is None:
+            dtype._by_numpy.setdefault(np_type, self)
+
+    name = property(lambda self: self._name)
+    is_complex = property(lambda self: self._is_complex)
+    is_int = property(lambda self: self._is_int)
+    is_floating_point = property(lambda self: self._is_floating_point)
+    is_signed = property(lambda self: self._is_signed)
+
+    def as_numpy(self) -> np.dtype:
+        """The NumPy dtype of this type (float8 types are structured `u1` dtypes)."""
+        if self._np is None:
+            raise TypeError(f"popxl.dtypes.{self._name} has no NumPy equivalent")
+        return self._np
+
+    def as_torch(self):
+        """The torch dtype of this type (needs torch)."""
+        import torch  # optional dependency
+
+        if self._torch_name is None:
+            raise TypeError(f"popxl.dtypes.{self._name} has no torch equivalent")
+        return getattr(torch, self._torch_name)
+
+    @classmethod
+    def from_name(cls, name: str) -> "dtype":
+        try:
+            return cls._by_name[name]
+        except KeyError:
+            raise ValueError(f"There is no popxl dtype named '{name}'") from None
+
+    @classmethod
+    def as_dtype(cls, x: Any) -> "dtype":
+        """Convert a str, Python type, NumPy dtype/array, or torch dtype/tensor to a popxl dtype."""
+        if isinstance(x, dtype):
+            return x
+        if isinstance(x, str):
+            return cls.from_name(_ALIASES.get(x, x))
+        if x is builtins.bool:
+            return bool
+        if x is builtins.float:
+            return float32
+        if isinstance(x, np.ndarray):
+            x = x.dtype
+        if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):
+            npd = np.dtype(x)
+            if npd.fields is not None:
+                for d in (float8_143, float8_152):
+                    if d._np == npd:
+                        return d
+            try:
+                return cls._by_numpy[npd]
+            except KeyError:
+                raise ValueError(f"There is no popxl dtype for NumPy dtype {npd}") from None
+        torch_dtype = getattr(x, "dtype", x)
+        mod = type(torch_dtype).__module__
+        if mod.startswith("torch"):
+            name = str(torch_dtype).replace("torch.", "")
+            return cls.from_name(_ALIASES.get(name, name))
+        raise ValueError(f"Cannot convert {x!r} to a popxl dtype")
+
+    def __repr__(self) -> str:
+        return f"popxl.dtypes.{self._name}"
+
+    def __reduce__(self):
+        return (dtype.from_name, (self._name,))
+
+    def __hash__(self) -> int:
+        return hash(self._name)
+
+    def __eq__(self, other: object) -> builtins.bool:
+        return self is other
+
+
+_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
+
+bool = dtype("bool", np.dtype(np.bool_), False, False, False, False, "bool")
+int8 = dtype("int8", np.dtype(np.int8), False, True, False, True, "int8")
+int16 = dtype("int16", np.dtype(np.int16), False, True, False, True, "int16")
+int32 = dtype("int32", np.dtype(np.int32), False, True, False, True, "int32")
+int64 = dtype("int64", np.dtype(np.int64), False, True, False, True, "int64")
+uint8 = dtype("uint8", np.dtype(np.uint8), False, True, False, False, "uint8")
+uint16 = dtype("uint16", np.dtype(np.uint16), False, True, False, False, None)
+uint32 = dtype("uint32", np.dtype(np.uint32), False, True, False, False, None)
+uint64 = dtype("uint64", np.dtype(np.uint64), False, True, False, False, None)
+float8_143 = dtype("float8_143", np.dtype([("float8_143", "u1")]), False, False, True, True, None)
+float8_152 = dtype("float8_152", np.dtype([("float8_152", "u1")]), False, False, True, True, None)
+float16 = dtype("float16", np.dtype(np.float16), False, False, True, True, "float16")
+float32 = dtype("float32", np.dtype(np.float32), False, False, True, True, "float32")
+float64 = dtype("float64", np.dtype(np.float64), False, False, True, True, "float64")
+complex64 = dtype("complex64", np.dtype(np.complex64), True, False, False, True, "complex64")
+complex128 = dtype("complex128", np.dtype(np.complex128), True, False, False, True, "complex128")
+half = float16
+float = float32
+double = float64
+
+FLOAT8_DTYPES = (float8_143, float8_152)
+
+
+def check_not_float8(d: dtype, what: str) -> None:
+    """Raise NotImplementedError for float8 types, which the emulator cannot compute with."""
+    if d in FLOAT8_DTYPES:
+        raise NotImplementedError(f"{what}: " + _FLOAT8_MSG.format(name=repr(d)))

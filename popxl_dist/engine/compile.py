@@ -1,0 +1,402 @@
+"""Compile an IR once into Python functions that call pre-bound NumPy kernels.
+
+Each graph becomes generated straight-line code (`run(ctx, *inputs) -> outputs`): one line per op,
+locals for intermediates, `del` after last use, constants and kernels bound as globals. Calls,
+loops and conditionals call the callee's compiled function. No name lookups, shape inference or
+validation happen at run time.
+
+Aliasing: NumPy views make reshape/transpose/slice free, but upstream's tensors are values. A view
+is copied only where a later in-place write would be observable through it (see `_plan_copies`).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from .._ir.records import GraphData, IrData, Op, TensorKind
+from ..errors import EngineError
+from .kernels import load_all
+from .kernels.registry import CONTROL_FLOW_TYPES, KERNELS, KernelSpec
+
+__all__ = ["Program", "CompiledGraph", "CompileEnv"]
+
+_CODE_IDS = itertools.count()
+_FILENAME_PREFIX = "<popxl-graph "
+
+
+class CompileEnv:
+    """What context kernels may ask the compiler for: stream and remote-buffer slots."""
+
+    def __init__(self, program: "Program"):
+        self._program = program
+
+    def h2d_slot(self, stream_id: str) -> int:
+        return self._program.h2d_streams.index(stream_id)
+
+    def d2h_slot(self, stream_id: str) -> int:
+        return self._program.d2h_streams.index(stream_id)
+
+    @property
+    def ir(self) -> IrData:
+        return self._program.ir
+
+
+class CompiledGraph:
+    """One graph compiled: `run(ctx, *inputs) -> tuple(outputs)` plus its aliasing summary."""
+
+    def __init__(self, gid: str, run: Callable, modified_inputs: Set[int],
+                 has_collectives: bool, ops: List[Op], line_to_op: Dict[int, Op], filename: str,
+                 source: str):
+        self.gid = gid
+        self.run = run
+        self.modified_inputs = modified_inputs
+        self.has_collectives = has_collectives
+        self.ops = ops
+        self.line_to_op = line_to_op
+        self.filename = filename
+        self.source = source
+
+
+class Program:
+    """All graphs of an IR compiled for one worker; the main graph split by execution context."""
+
+    def __init__(self, ir: IrData):
+        load_all()
+        self.ir = ir
+        main = ir.main
+        self.state_ids: List[str] = [t for t, i in main.tensors.items()
+                                     if i.kind == TensorKind.VARIABLE]
+        fragment_outs = [o for op in main.ops if op.exec_ctx == "WeightsFromHostFragment"
+                         for o in op.outputs]
+        self.state_ids += [o for o in fragment_outs if o not in self.state_ids]
+        self.state_index = {t: i for i, t in enumerate(self.state_ids)}
+        self.h2d_streams: List[str] = []
+        self.d2h_streams: List[str] = []
+        for gd in ir.graphs.values():
+            for op in gd.ops:
+                if op.type == "HostLoad" and op.attrs["stream"] not in self.h2d_streams:
+                    self.h2d_streams.append(op.attrs["stream"])
+                if op.type == "HostStore" and op.attrs["stream"] not in self.d2h_streams:
+                    self.d2h_streams.append(op.attrs["stream"])
+        self.env = CompileEnv(self)
+        self._graphs: Dict[str, CompiledGraph] = {}
+        self._by_filename: Dict[str, CompiledGraph] = {}
+        self.main = self._compile_main("Normal")
+        self.weights_from_host = self._compile_main("WeightsFromHostFragment")
+        self.weights_to_host = self._compile_main("WeightsToHostFragment")
+
+    # --- public ------------------------------------------------------------------------
+    def graph(self, gid: str) -> CompiledGraph:
+        cg = self._graphs.get(gid)
+        if cg is None:
+            gd = self.ir.graphs[gid]
+            cg = self._compile(gd, gd.ops, list(gd.inputs), list(gd.outputs), is_main=False)
+            self._graphs[gid] = cg
+        return cg
+
+    def explain(self, exc: BaseException) -> Optional[Tuple[Op, str]]:
+        """The op (and graph id) whose generated line raised `exc`, innermost first."""
+        tb = exc.__traceback__
+        found = None
+        while tb is not None:
+            fn = tb.tb_frame.f_code.co_filename
+            cg = self._by_filename.get(fn)
+            if cg is not None:
+                op = cg.line_to_op.get(tb.tb_lineno)
+                if op is not None:
+                    found = (op, cg.gid)
+            tb = tb.tb_next
+        return found
+
+    # --- compilation -------------------------------------------------------------------
+    def _compile_main(self, exec_ctx: str) -> CompiledGraph:
+        gd = self.ir.main
+        ops = [op for op in gd.ops if op.exec_ctx == exec_ctx]
+        return self._compile(gd, ops, [], [], is_main=True, tag=exec_ctx)
+
+    def _spec(self, op: Op) -> Optional[KernelSpec]:
+        if op.type in CONTROL_FLOW_TYPES:
+            return None
+        spec = KERNELS.get(op.type)
+        if spec is None:
+            raise NotImplementedError(
+                f"No kernel is registered for op type '{op.type}' ({op.describe()})")
+        return spec
+
+    def _callee_effects(self, op: Op) -> Tuple[Set[int], Set[int], bool]:
+        """For a control-flow op: (op input indices written back to the parent, input indices
+        to copy on entry, whether the callee runs collectives)."""
+        if op.type in ("Call", "Loop"):
+            gd = self.ir.graphs[op.called[0]]
+            cg = self.graph(op.called[0])
+            offset = 2 if op.type == "Loop" else 0
+            writes, copies = set(), set()
+            for gi in cg.modified_inputs:
+                pi = gi - offset
+                if pi < 0:
+                    continue
+                if gd.inputs[gi] in gd.by_ref_inputs or pi in op.attrs.get("modified", ()):
+                    writes.add(pi)
+                else:
+                    copies.add(pi)
+            return writes, copies, cg.has_collectives
+        if op.type == "If":
+            writes, copies, coll = set(), set(), False
+            for branch, mapping in zip(op.called, (op.attrs["then_inputs"], op.attrs["else_inputs"])):
+                cg = self.graph(branch)
+                coll = coll or cg.has_collectives
+                for gi in cg.modified_inputs:
+                    copies.add(mapping[gi])
+            return writes, copies, coll
+        raise AssertionError(op.type)
+
+    def _compile(self, gd: GraphData, ops: List[Op], input_ids: List[str],
+                 output_ids: List[str], is_main: bool, tag: str = "") -> CompiledGraph:
+        plan = _AliasPlan(self, gd, ops, input_ids, output_ids, is_main)
+        names: Dict[str, str] = {}
+        counter = itertools.count()
+
+        def name_of(tid: str) -> str:
+            n = names.get(tid)
+            if n is None:
+                n = f"v{next(counter)}"
+                names[tid] = n
+            return n
+
+        glob: Dict[str, Any] = {"np": np}
+        lines: List[str] = []
+        line_to_op: Dict[int, Op] = {}
+        args = ", ".join(name_of(t) for t in input_ids)
+        lines.append(f"def run(ctx{', ' + args if args else ''}):")
+        body_start = len(lines)
+        # Persistent state (main graph) and constants are bound at the top.
+        used = {t for op in ops for t in op.inputs} | set(output_ids)
+        if is_main:
+            state_used = [t for t in self.state_ids if t in used]
+            if state_used:
+                lines.append("    S = ctx.state")
+                for t in state_used:
+                    lines.append(f"    {name_of(t)} = S[{self.state_index[t]}]")
+        for t in sorted(used):
+            info = gd.tensors.get(t)
+            if info is not None and info.kind == TensorKind.CONSTANT:
+                cname = f"C_{name_of(t)}"
+                glob[cname] = info.data
+                copy = ".copy()" if t in plan.copy_constants else ""
+                lines.append(f"    {name_of(t)} = {cname}{copy}")
+        last_use = plan.last_use
+        has_collectives = False
+        for pos, op in enumerate(ops):
+            spec = self._spec(op)
+            ins = [name_of(t) for t in op.inputs]
+            outs = [name_of(t) for t in op.outputs]
+            kname = f"K{pos}"
+            if spec is None:
+                writes, copies, coll = self._callee_effects(op)
+                has_collectives = has_collectives or coll
+                call_args = [f"{a}.copy()" if i in copies else a for i, a in enumerate(ins)]
+                glob[kname] = self._control_flow_fn(op)
+                call = f"{kname}(ctx{''.join(', ' + a for a in call_args)})"
+            else:
+                has_collectives = has_collectives or spec.collective
+                try:
+                    fn = (spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
+                                       [gd.tensors[t] for t in op.outputs], self.env)
+                          if spec.context else
+                          spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
+                                       [gd.tensors[t] for t in op.outputs]))
+                except (NotImplementedError, ValueError, TypeError) as e:
+                    raise type(e)(f"{op.describe()}: {e}") from e
+                glob[kname] = fn
+                prefix = "ctx, " if spec.context else ""
+                call = f"{kname}({prefix}{', '.join(ins)})"
+            if spec is not None and op.outputs and op.outputs[0] in plan.copy_outputs:
+                call = f"{call}.copy()"
+            if not outs:
+                stmt = call
+            elif len(outs) == 1 and spec is not None:
+                stmt = f"{outs[0]} = {call}"
+            else:
+                stmt = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}"
+            lines.append(f"    {stmt}")
+            line_to_op[len(lines)] = op
+            if is_main:
+                for t in op.outputs:
+                    if t in self.state_index:
+                        lines.append(f"    ctx.state[{self.state_index[t]}] = {names[t]}")
+            dead = [names[t] for t in dict.fromkeys(op.inputs + op.outputs)
+                    if last_use.get(t, -1) <= pos and t not in plan.keep_alive]
+            if dead:
+                lines.append(f"    del {', '.join(dead)}")
+        rets = []
+        for t in output_ids:
+            rets.append(f"{name_of(t)}.copy()" if t in plan.copy_returns else name_of(t))
+        lines.append(f"    return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
+        if len(lines) == body_start:
+            lines.append("    pass")
+        source = "\n".join(lines) + "\n"
+        filename = f"{_FILENAME_PREFIX}{gd.id or 'main'}{'/' + tag if tag else ''} #{next(_CODE_IDS)}>"
+        code = compile(source, filename, "exec")
+        exec(code, glob)
+        cg = CompiledGraph(gd.id, glob["run"], plan.modified_inputs, has_collectives, ops,
+                           line_to_op, filename, source)
+        self._by_filename[filename] = cg
+        return cg
+
+    def _control_flow_fn(self, op: Op) -> Callable:
+        if op.type == "Call":
+            return self.graph(op.called[0]).run
+        if op.type == "Loop":
+            body = self.graph(op.called[0]).run
+            trips = int(op.attrs["trip_count"])
+            k = len(op.outputs)
+            iters = [np.array(i, dtype=np.int32) for i in range(trips)]
+            cond = np.array(True)
+
+            def loop(ctx, *args):
+                args = list(args)
+                for it in iters:
+                    res = body(ctx, it, cond, *args)
+                    args[:k] = res[1:]
+                return tuple(a.copy() if trips == 0 else a for a in args[:k])
+
+            return loop
+        if op.type == "If":
+            then_fn = self.graph(op.called[0]).run
+            else_fn = self.graph(op.called[1]).run
+            t_idx = list(op.attrs["then_inputs"])
+            e_idx = list(op.attrs["else_inputs"])
+
+            def cond_fn(ctx, cond, *args):
+                if bool(cond):
+                    return then_fn(ctx, *[args[i - 1] for i in t_idx])
+                return else_fn(ctx, *[args[i - 1] for i in e_idx])
+
+            return cond_fn
+        raise AssertionError(op.type)
+
+
+class _AliasPlan:
+    """Decide where views must become copies, and which graph inputs the graph modifies."""
+
+    def __init__(self, program: Program, gd: GraphData, ops: List[Op], input_ids: List[str],
+                 output_ids: List[str], is_main: bool):
+        self.copy_outputs: Set[str] = set()
+        self.copy_constants: Set[str] = set()
+        self.copy_returns: Set[str] = set()
+        self.keep_alive: Set[str] = set(output_ids)
+        parent: Dict[str, str] = {}          # tensor -> tensor it is a view / alias of
+        view_edge: Dict[str, int] = {}       # out-of-place view tensor -> position created
+        reads: Dict[str, List[int]] = defaultdict(list)
+        mods: List[Tuple[int, str]] = []     # (position, tensor modified)
+        last_use: Dict[str, int] = {}
+        external: Set[str] = set()           # tensors whose memory the program does not own
+        for pos, op in enumerate(ops):
+            for t in op.inputs:
+                reads[t].append(pos)
+                last_use[t] = pos
+            for t in op.outputs:
+                last_use.setdefault(t, pos)
+            spec = program._spec(op)
+            if spec is None:
+                writes, _, _ = program._callee_effects(op)
+                for i in writes:
+                    mods.append((pos, op.inputs[i]))
+                continue
+            if spec.modifies:
+                for i in spec.modifies:
+                    mods.append((pos, op.inputs[i]))
+                if op.outputs:
+                    parent[op.outputs[0]] = op.inputs[0]
+            elif spec.alias and op.outputs:
+                parent[op.outputs[0]] = op.inputs[0]
+            elif spec.view and op.outputs:
+                if op.inputs:
+                    parent[op.outputs[0]] = op.inputs[0]
+                    view_edge[op.outputs[0]] = pos
+                else:
+                    external.add(op.outputs[0])   # e.g. HostLoad returns host memory
+        self.last_use = last_use
+
+        inf = len(ops) + 1
+        infinite_reads: Set[str] = set(output_ids)
+        for t in input_ids:
+            if t in gd.by_ref_inputs:
+                infinite_reads.add(t)
+        if is_main:
+            infinite_reads |= {t for t, i in gd.tensors.items() if i.kind == TensorKind.VARIABLE}
+            infinite_reads |= set(program.state_ids)
+
+        def root(t: str) -> str:
+            while t in parent:
+                t = parent[t]
+            return t
+
+        def descendants(v: str, members: Set[str]) -> Set[str]:
+            side = {v}
+            changed = True
+            while changed:
+                changed = False
+                for m in members:
+                    if m not in side and parent.get(m) in side:
+                        side.add(m)
+                        changed = True
+            return side
+
+        def read_after(side: Set[str], p: int) -> bool:
+            for m in side:
+                if m in infinite_reads:
+                    return True
+                if any(r > p for r in reads.get(m, ())):
+                    return True
+            return False
+
+        # Out-of-place views, in creation order: copy when a later write is observable.
+        all_tensors = set(parent) | set(parent.values())
+        for v in sorted(view_edge, key=view_edge.get):
+            i = view_edge[v]
+            r = root(v)
+            members = {m for m in all_tensors if root(m) == r}
+            v_side = descendants(v, members)
+            u_side = members - v_side
+            for p, mt in mods:
+                if p <= i or root(mt) != r:
+                    continue
+                other = u_side if mt in v_side else v_side
+                if read_after(other, p):
+                    self.copy_outputs.add(v)
+                    del parent[v]          # v now owns its memory
+                    break
+
+        modified_roots = {root(t) for _, t in mods}
+        for t in external:
+            if t in modified_roots:
+                self.copy_outputs.add(t)
+        for t, info in gd.tensors.items():
+            if info.kind == TensorKind.CONSTANT and t in modified_roots:
+                self.copy_constants.add(t)
+        self.modified_inputs = {i for i, t in enumerate(input_ids) if t in modified_roots}
+        # Outputs must not alias inputs, constants, state or each other.
+        seen_roots: Set[str] = set()
+        for t in output_ids:
+            r = root(t)
+            info = gd.tensors[r]
+            if (r in input_ids or info.kind in (TensorKind.CONSTANT, TensorKind.VARIABLE)
+                    or r in seen_roots or r in external):
+                self.copy_returns.add(t)
+            seen_roots.add(r)
+
+
+def explain_error(program: Program, exc: BaseException) -> BaseException:
+    """Wrap an exception raised inside generated code in an EngineError naming the op."""
+    found = program.explain(exc)
+    if found is None:
+        return exc
+    op, gid = found
+    graph = f"graph '{gid}'" if gid else "the main graph"
+    err = EngineError(f"{op.describe()} in {graph} failed: {type(exc).__name__}: {exc}")
+    err.op = op
+    return err

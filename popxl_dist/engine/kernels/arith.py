@@ -1,0 +1,150 @@
+"""Kernels: binary arithmetic, scaled add, identity and cast."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._util import F16, F32, np_dtype, scalar, via_f32
+from .registry import kernel
+
+
+def _binary(ufunc):
+    def factory(attrs, ins, outs):
+        return via_f32(ufunc, np_dtype(outs[0]))
+    return factory
+
+
+kernel("Add")(_binary(np.add))
+kernel("Sub")(_binary(np.subtract))
+kernel("Mul")(_binary(np.multiply))
+
+
+@kernel("Div")
+def _div(attrs, ins, outs):
+    dt = np_dtype(outs[0])
+    if dt.kind in "iu":
+        def int_div(a, b):
+            # C / poplar integer division truncates toward zero
+            q = np.trunc(np.divide(a, b, dtype=np.float64))
+            return q.astype(dt)
+        return int_div
+    return via_f32(np.divide, dt)
+
+
+def _inplace(ufunc):
+    def factory(attrs, ins, outs):
+        if np_dtype(ins[0]) == F16:
+            def run16(a, b):
+                a[...] = ufunc(a.astype(F32), b.astype(F32))
+                return a
+            return run16
+
+        def run(a, b):
+            ufunc(a, b, out=a)
+            return a
+        return run
+    return factory
+
+
+kernel("AddLhsInplace", modifies=(0,))(_inplace(np.add))
+
+
+@kernel("AddRhsInplace", modifies=(1,))
+def _add_rhs_inplace(attrs, ins, outs):
+    def run(a, b):
+        b[...] = np.add(a, b, dtype=np.float32 if b.dtype == F16 else None)
+        return b
+    return run
+
+
+@kernel("Neg")
+def _neg(attrs, ins, outs):
+    return np.negative
+
+
+def _scaled_add_fn(attrs, ins):
+    """aX + bY with a/b either baked floats (attrs) or runtime scalar tensors (extra inputs)."""
+    a_const, b_const = attrs.get("a"), attrs.get("b")
+    a_is_t, b_is_t = attrs.get("a_tensor", False), attrs.get("b_tensor", False)
+    out = np_dtype(ins[0])
+    calc = F32 if out == F16 or np_dtype(ins[1]) == F16 else out
+
+    def coeffs(extra):
+        i = 0
+        a = a_const
+        b = b_const
+        if a_is_t:
+            a = scalar(extra[i], calc)
+            i += 1
+        if b_is_t:
+            b = scalar(extra[i], calc)
+        return a, b
+
+    return calc, out, coeffs
+
+
+@kernel("ScaledAdd")
+def _scaled_add(attrs, ins, outs):
+    calc, out, coeffs = _scaled_add_fn(attrs, ins)
+
+    def run(x, y, *extra):
+        a, b = coeffs(extra)
+        r = np.multiply(x, calc.type(a), dtype=calc) + np.multiply(y, calc.type(b), dtype=calc)
+        return r.astype(out, copy=False)
+    return run
+
+
+@kernel("ScaledAddLhsInplace", modifies=(0,))
+def _scaled_add_inplace(attrs, ins, outs):
+    calc, out, coeffs = _scaled_add_fn(attrs, ins)
+    if calc == out and not attrs.get("a_tensor") and not attrs.get("b_tensor"):
+        a = calc.type(attrs["a"])
+        b = calc.type(attrs["b"])
+        if a == 1:
+            def run_fast(x, y):
+                if y.dtype == out:
+                    x += b * y
+                else:
+                    x += np.multiply(y, b, dtype=calc)
+                return x
+            return run_fast
+
+    def run(x, y, *extra):
+        a, b = coeffs(extra)
+        r = np.multiply(x, calc.type(a), dtype=calc)
+        r += np.multiply(y, calc.type(b), dtype=calc)
+        x[...] = r
+        return x
+    return run
+
+
+@kernel("Identity", view=True)
+def _identity(attrs, ins, outs):
+    return lambda x: x
+
+
+@kernel("Cast")
+def _cast(attrs, ins, outs):
+    dt = np_dtype(outs[0])
+    if dt.kind in "iu" and np_dtype(ins[0]).kind == "f":
+        def float_to_int(x):
+            # poplar casts truncate toward zero; NaN/inf saturate is undefined upstream
+            with np.errstate(invalid="ignore"):
+                return np.trunc(x).astype(dt)
+        return float_to_int
+    return lambda x: x.astype(dt)
+
+
+@kernel("Detach", view=True)
+def _detach(attrs, ins, outs):
+    return lambda x: x
+
+
+@kernel("DetachInplace", alias=True)
+def _detach_inplace(attrs, ins, outs):
+    return lambda x: x
+
+
+@kernel("Expand")
+def _expand(attrs, ins, outs):
+    shape = outs[0].shape
+    return lambda x: np.broadcast_to(x, shape).copy()

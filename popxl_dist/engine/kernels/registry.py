@@ -1,0 +1,49 @@
+"""The kernel registry: op type -> KernelSpec (a factory of bound NumPy callables plus aliasing facts).
+
+A factory is called once per op at compile time with the op's attributes and the TensorInfos of its
+inputs and outputs, and returns the callable the program runs:
+
+* plain kernels:    ``factory(attrs, ins, outs) -> fn(*arrays) -> array | tuple``
+* context kernels:  ``factory(attrs, ins, outs, env) -> fn(ctx, *arrays)`` (host I/O, remote memory)
+
+In-place op types (``modifies``) write into those inputs' arrays and return input 0. ``view`` kernels
+may return a NumPy view of input 0 (the compiler copies when aliasing would be observable);
+``alias`` kernels return a view on purpose (upstream's reshape_/transpose_ family).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Tuple
+
+__all__ = ["KernelSpec", "KERNELS", "kernel", "CONTROL_FLOW_TYPES"]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    op_type: str
+    factory: Callable
+    modifies: Tuple[int, ...] = ()
+    view: bool = False
+    alias: bool = False
+    context: bool = False
+    collective: bool = False
+
+
+KERNELS: Dict[str, KernelSpec] = {}
+
+# Op types the compiler executes itself (they call other graphs).
+CONTROL_FLOW_TYPES = frozenset({"Call", "Loop", "If"})
+
+
+def kernel(op_type: str, *, modifies: Tuple[int, ...] = (), view: bool = False,
+           alias: bool = False, context: bool = False, collective: bool = False):
+    """Register the decorated factory as the kernel of `op_type` (duplicates are refused)."""
+
+    def deco(factory: Callable) -> Callable:
+        if op_type in KERNELS:
+            raise ValueError(f"kernel for op type '{op_type}' is already registered")
+        KERNELS[op_type] = KernelSpec(op_type, factory, tuple(modifies), view, alias, context,
+                                      collective)
+        return factory
+
+    return deco

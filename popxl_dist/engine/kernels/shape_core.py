@@ -1,0 +1,49 @@
+"""Kernels: Reshape and Transpose (views), their in-place aliases, and ReduceSum."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._util import F16, F32, np_dtype
+from .registry import kernel
+
+
+def _reshape_factory(attrs, ins, outs):
+    shape = outs[0].shape
+    return lambda x: x.reshape(shape)
+
+
+kernel("Reshape", view=True)(_reshape_factory)
+
+
+@kernel("ReshapeInplace", alias=True)
+def _reshape_inplace(attrs, ins, outs):
+    shape = outs[0].shape
+
+    def run(x):
+        v = x.view()
+        try:
+            v.shape = shape  # raises instead of silently copying
+        except AttributeError:
+            raise ValueError(f"reshape_: cannot make an in-place view of shape {shape} from a "
+                             f"non-contiguous tensor of shape {x.shape}") from None
+        return v
+    return run
+
+
+def _transpose_factory(attrs, ins, outs):
+    perm = tuple(attrs["perm"])
+    return lambda x: x.transpose(perm)
+
+
+kernel("Transpose", view=True)(_transpose_factory)
+kernel("TransposeInplace", alias=True)(_transpose_factory)
+
+
+@kernel("ReduceSum")
+def _reduce_sum(attrs, ins, outs):
+    axes = tuple(attrs["axes"])
+    keep = bool(attrs.get("keepdims", False))
+    out = np_dtype(outs[0])
+    if out == F16:
+        return lambda x: np.sum(x, axis=axes, keepdims=keep, dtype=F32).astype(F16)
+    return lambda x: np.asarray(np.sum(x, axis=axes, keepdims=keep), dtype=out)

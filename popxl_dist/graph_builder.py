@@ -1,0 +1,93 @@
+"""`Ir.create_graph`: turn a Python function or Module into a subgraph."""
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
+
+from .tensor import Tensor, TensorByRef, TensorSpec, graph_input, graph_output
+
+if TYPE_CHECKING:
+    from .graph import Graph
+    from .ir import Ir
+
+
+def _graph_name(fn: Callable) -> Tuple[str, Callable]:
+    from .module import Module
+
+    if isinstance(fn, Module):
+        return type(fn).__qualname__.replace(".<locals>", ""), fn.build
+    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return qual.replace(".<locals>", ""), fn
+
+
+def _is_by_ref(annotation: Any) -> bool:
+    if annotation is TensorByRef:
+        return True
+    if isinstance(annotation, str):
+        return "TensorByRef" in annotation
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple, typing.Union):
+        return any(_is_by_ref(a) for a in typing.get_args(annotation))
+    return False
+
+
+def _as_input(value: Any, name: str, by_ref: bool) -> Any:
+    if isinstance(value, (Tensor, TensorSpec)):
+        return graph_input(value.shape, value.dtype, name, by_ref=by_ref,
+                           meta_shape=value.meta_shape or None)
+    if isinstance(value, (list, tuple)) and value:
+        is_t = [isinstance(v, (Tensor, TensorSpec)) for v in value]
+        if any(is_t) and not all(is_t):
+            raise TypeError(f"create_graph: argument '{name}' mixes tensors and non-tensors")
+        if all(is_t):
+            return type(value)(_as_input(v, f"{name}_{i}", by_ref) for i, v in enumerate(value))
+    return value
+
+
+def build_graph(ir: "Ir", fn: Callable, args: tuple, kwargs: dict) -> "Graph":
+    name, build = _graph_name(fn)
+    try:
+        sig = inspect.signature(build)
+    except (TypeError, ValueError):
+        sig = None
+    g = ir._new_graph(name)
+    with g:
+        if sig is None:
+            new_args = [_as_input(a, f"arg_{i}", False) for i, a in enumerate(args)]
+            new_kwargs = {k: _as_input(v, k, False) for k, v in kwargs.items()}
+        else:
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise ValueError(f"create_graph: the arguments given for '{name}' do not match "
+                                 f"the signature {sig}: {e}") from None
+            new_args, new_kwargs = [], {}
+            for pname, value in bound.arguments.items():
+                p = sig.parameters[pname]
+                by_ref = _is_by_ref(p.annotation)
+                if p.kind == p.VAR_POSITIONAL:
+                    new_args.extend(_as_input(v, f"{pname}_{i}", by_ref)
+                                    for i, v in enumerate(value))
+                elif p.kind == p.VAR_KEYWORD:
+                    new_kwargs.update({k: _as_input(v, k, by_ref) for k, v in value.items()})
+                elif p.kind == p.KEYWORD_ONLY:
+                    new_kwargs[pname] = _as_input(value, pname, by_ref)
+                else:
+                    new_args.append(_as_input(value, pname, by_ref))
+        out = build(*new_args, **new_kwargs)
+        if out is None:
+            outs: Tuple = ()
+        elif isinstance(out, Tensor):
+            outs = (out,)
+        else:
+            try:
+                outs = tuple(out)
+            except TypeError:
+                raise TypeError(f"create_graph: '{name}' must return None, a Tensor or an "
+                                f"iterable of Tensors, got {type(out).__name__}") from None
+        for o in outs:
+            if not isinstance(o, Tensor):
+                raise TypeError(f"create_graph: '{name}' returned {o!r}, which is not a Tensor")
+            graph_output(o)
+    return g

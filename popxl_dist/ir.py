@@ -1,0 +1,153 @@
+"""Public `Ir`: the whole program, its graphs and its replication settings."""
+from __future__ import annotations
+
+import inspect
+import itertools
+import typing
+from typing import Any, Callable, Dict, List, Optional, Set, Union
+
+from ._ir.records import GraphData, IrData, TensorKind
+from .graph import Graph
+
+__all__ = ["Ir"]
+
+_IR_IDS = itertools.count()
+
+
+class Ir:
+    """A PopXL program: a main graph, subgraphs, streams and replication settings.
+
+    Args:
+        replication: the replication factor, or "popdist" to take it from the launcher.
+    """
+
+    def __init__(self, replication: Union[int, str] = 1):
+        self._id = next(_IR_IDS)
+        self._data = IrData(self._id)
+        self._graphs: Dict[str, Graph] = {}
+        self._prepared = False
+        self._session_options = None
+        self._streams: Dict[str, Any] = {}
+        if replication == "popdist":
+            from .popdist_env import global_replication_factor
+
+            replication = global_replication_factor()
+        self.replication_factor = replication
+
+    # --- graphs ------------------------------------------------------------------------
+    def _graph(self, gid: str) -> Graph:
+        g = self._graphs.get(gid)
+        if g is None:
+            g = Graph._create(self, self._data.graphs[gid])
+            self._graphs[gid] = g
+        return g
+
+    @property
+    def main_graph(self) -> Graph:
+        return self._graph("")
+
+    def _new_graph(self, name: str) -> Graph:
+        idx = self._data.new_graph_index()
+        gid = f"{name}_subgraph({idx})"
+        self._data.graphs[gid] = GraphData(gid)
+        return self._graph(gid)
+
+    def create_empty_graph(self, name: Optional[str] = None) -> Graph:
+        """An empty subgraph named `<name or "graph">_subgraph(<n>)`."""
+        return self._new_graph(name or "graph")
+
+    def create_graph(self, fn: Callable, *args: Any, **kwargs: Any) -> Graph:
+        """Build a subgraph by calling `fn` (or `Module.build`) inside it.
+
+        Tensor and TensorSpec arguments become graph inputs named after their parameters
+        (`name_0`, `name_1`, ... for list elements); other arguments pass through. The return
+        value (None, a Tensor or an iterable of Tensors) becomes the graph outputs.
+        """
+        from .graph_builder import build_graph
+
+        return build_graph(self, fn, args, kwargs)
+
+    # --- settings ----------------------------------------------------------------------
+    @property
+    def num_host_transfers(self) -> int:
+        return self._data.num_host_transfers
+
+    @num_host_transfers.setter
+    def num_host_transfers(self, n: int) -> None:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"num_host_transfers must be a positive int, got {n!r}")
+        self._data.num_host_transfers = n
+
+    @property
+    def replication_factor(self) -> int:
+        return self._data.replication_factor
+
+    @replication_factor.setter
+    def replication_factor(self, r: int) -> None:
+        if self._prepared:
+            raise RuntimeError("replication_factor cannot change after a Session has prepared "
+                               "the Ir")
+        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+            raise ValueError(f"replication_factor must be a positive int, got {r!r}")
+        self._data.replication_factor = r
+
+    @property
+    def instance_replication_factor(self) -> int:
+        from .popdist_env import local_replication_factor
+
+        return local_replication_factor(self.replication_factor)
+
+    def replica_grouping(self, stride: int = 1, group_size: Optional[int] = None):
+        """A constant-stride grouping of this Ir's replicas (default: one group of all)."""
+        from .replica_grouping import ReplicaGrouping
+
+        return ReplicaGrouping._from_params(self, stride, group_size)
+
+    def replica_grouping_from_assignments(self, assignment: List[int]):
+        from .replica_grouping import ReplicaGrouping
+
+        return ReplicaGrouping._from_assignments(self, assignment)
+
+    # --- streams -----------------------------------------------------------------------
+    def _streams_used_by(self, op_type: str) -> Set:
+        from .streams import _stream_for
+
+        used = []
+        for gd in self._data.graphs.values():
+            for op in gd.ops:
+                if op.type == op_type and op.attrs["stream"] not in used:
+                    used.append(op.attrs["stream"])
+        return {_stream_for(self, s) for s in used}
+
+    def get_all_h2d_streams(self) -> Set:
+        return self._streams_used_by("HostLoad")
+
+    def get_all_d2h_streams(self) -> Set:
+        return self._streams_used_by("HostStore")
+
+    def dot_checkpoint(self, check: str, save_dir=None) -> None:
+        """Graphviz dumps are not produced by the emulator; accepted as a no-op."""
+
+    # --- identity ----------------------------------------------------------------------
+    @property
+    def id(self) -> int:
+        return self._id
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return hash(self._id)
+
+    def __repr__(self) -> str:
+        return f"Ir[id={self._id}]"
+
+    @property
+    def _pb_ir(self):
+        from ._pb_shim import PbIr
+
+        return PbIr(self)
+
+    @property
+    def _graph_cache(self) -> Dict[str, Graph]:
+        return {gid: self._graph(gid) for gid in self._data.graphs}

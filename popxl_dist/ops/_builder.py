@@ -1,0 +1,137 @@
+"""What every op builder uses: argument checks and appending one Op to the current graph.
+
+Builders never compute. They check arguments, infer shapes and dtypes, call `add_op`, and return
+the output Tensors.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .. import dtypes
+from .._ir.records import Op, TensorInfo, TensorKind
+from ..context import get_current_context, gcg
+from ..graph import Graph
+from ..tensor import Tensor, constant
+
+__all__ = ["Out", "add_op", "check_tensor", "check_in_graph", "check_same_dtype",
+           "broadcast_shape", "normalize_axes", "as_tensor_like", "debug_location"]
+
+_PKG_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d
+                  for d in ("",))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_LIB_DIRS = (os.path.join(_ROOT, "popxl_dist") + os.sep, os.path.join(_ROOT, "addons") + os.sep)
+
+
+class Out(NamedTuple):
+    """An output to create: name (before scoping), shape, dtype, optional meta_shape."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: dtypes.dtype
+    meta_shape: Tuple[int, ...] = ()
+
+
+def debug_location() -> str:
+    """`file:line` of the first stack frame outside popxl-dist (where the user built the op)."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_LIB_DIRS) and "contextlib" not in fn:
+            return f"{fn}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+def check_tensor(t: Any, opname: str, argname: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{opname}: argument '{argname}' must be a popxl.Tensor, got "
+                        f"{type(t).__name__}")
+    return t
+
+
+def check_in_graph(g: Graph, t: Tensor, opname: str) -> None:
+    if t._graph is not g:
+        raise ValueError(
+            f"{opname}: the input tensor '{t.id}' is not in the current Graph '{g.id}'. Tensors "
+            f"of another graph must be passed in as graph inputs (popxl.graph_input or a "
+            f"create_graph argument)")
+
+
+def check_same_dtype(opname: str, *ts: Tensor) -> dtypes.dtype:
+    d = ts[0].dtype
+    for t in ts[1:]:
+        if t.dtype != d:
+            names = ", ".join(f"'{x.id}' {x.dtype.name}" for x in ts)
+            raise TypeError(f"{opname}: inputs must have the same dtype, got {names}")
+    return d
+
+
+def broadcast_shape(opname: str, *ts: Tensor) -> Tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*(t.shape for t in ts)))
+    except ValueError:
+        names = ", ".join(f"'{t.id}' {t.shape}" for t in ts)
+        raise ValueError(f"{opname}: shapes cannot be broadcast together: {names}") from None
+
+
+def normalize_axes(opname: str, axis, rank: int) -> Tuple[int, ...]:
+    """`axis` (None = all, int, or sequence, negatives allowed) as sorted non-negative axes."""
+    if axis is None:
+        return tuple(range(rank))
+    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -rank <= a < max(rank, 1):
+            raise ValueError(f"{opname}: axis {a} is out of range for rank {rank}")
+        out.append(a % rank if rank else 0)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{opname}: repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+def as_tensor_like(x: Any, like: Tensor, opname: str, argname: str) -> Tensor:
+    """A Tensor stays; host data becomes a constant of `like`'s dtype in the current graph."""
+    if isinstance(x, Tensor):
+        return x
+    try:
+        return constant(x, like.dtype)
+    except Exception as e:  # noqa: BLE001 - re-raised with the op's name
+        raise TypeError(f"{opname}: argument '{argname}' must be a Tensor or host data, "
+                        f"got {x!r}") from e
+
+
+def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: Sequence[Out],
+           attrs: Optional[Dict[str, Any]] = None, called: Sequence[str] = (),
+           graph: Optional[Graph] = None) -> List[Tensor]:
+    """Append one op of `op_type` to the current graph and return its new output tensors."""
+    g = graph if graph is not None else gcg()
+    for t in inputs:
+        check_in_graph(g, t, settings_name)
+    ctx = get_current_context()
+    ir_data = g.ir._data
+    gd = g._data
+    out_ids = []
+    for o in outputs:
+        tid = ir_data.unique_tensor_id(gd, g._scoped_tensor_id(o.name))
+        gd.tensors[tid] = TensorInfo(tid, o.shape, o.dtype, TensorKind.INTERMEDIATE,
+                                     tuple(o.meta_shape or ()))
+        out_ids.append(tid)
+    op = Op(op_type, ir_data.new_op_id(), ctx.scoped_name(settings_name),
+            tuple(t.id for t in inputs), tuple(out_ids), attrs or {}, tuple(called),
+            ctx.ipu_id, ctx.tile_set, ctx.execution_context, debug_location())
+    gd.add_op(op)
+    g._op_created(op)
+    return [g._tensor(t) for t in out_ids]
+
+
+def meta_of(*ts: Tensor) -> Tuple[int, ...]:
+    """Propagated meta_shape of element-wise inputs (RTS shards keep their full shape)."""
+    metas = {t.meta_shape for t in ts if t.meta_shape}
+    if len(metas) > 1:
+        raise ValueError(f"Incompatible meta shapes: {sorted(metas)}")
+    return metas.pop() if metas else ()

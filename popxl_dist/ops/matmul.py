@@ -1,0 +1,51 @@
+"""Builder: matmul (NumPy matmul rules, including 1-D operands and batch broadcasting)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .. import dtypes
+from ..tensor import Tensor
+from ._builder import Out, add_op, check_same_dtype, check_tensor
+
+__all__ = ["matmul"]
+
+
+def _matmul_shape(lhs: Tensor, rhs: Tensor) -> Tuple[int, ...]:
+    a, b = lhs.shape, rhs.shape
+    if not a or not b:
+        raise ValueError(f"matmul: '{lhs.id}' {a} @ '{rhs.id}' {b}: operands must be at least 1-D")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"matmul: '{lhs.id}' {a} @ '{rhs.id}' {b}: inner dims differ "
+                         f"({a2[-1]} vs {b2[-2]})")
+    try:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    except ValueError:
+        raise ValueError(f"matmul: '{lhs.id}' {a} @ '{rhs.id}' {b}: batch dims cannot be "
+                         f"broadcast") from None
+    out = tuple(batch) + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float] = None,
+           output_type: Optional[dtypes.dtype] = None,
+           partials_type: Optional[dtypes.dtype] = None) -> Tensor:
+    """Matrix product with `np.matmul` semantics. float16 accumulates in float32.
+
+    Example:
+        >>> y = ops.matmul(x, w)   # (2, 4) @ (4, 32) -> (2, 32)
+    """
+    check_tensor(lhs, "matmul", "lhs")
+    check_tensor(rhs, "matmul", "rhs")
+    d = check_same_dtype("matmul", lhs, rhs)
+    shape = _matmul_shape(lhs, rhs)
+    out_d = dtypes.dtype.as_dtype(output_type) if output_type is not None else d
+    return add_op("MatMul", "matmul", [lhs, rhs], [Out("matmul_out", shape, out_d)],
+                  {"output_type": out_d.name})[0]

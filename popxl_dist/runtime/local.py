@@ -1,0 +1,36 @@
+"""The `local` backend: every replica in the calling process (the debug mode: pdb works)."""
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import numpy as np
+
+from .._ir.records import IrData
+from ..engine.executor import Worker
+from .base import Runtime, to_host_layout
+
+__all__ = ["LocalRuntime"]
+
+
+class LocalRuntime(Runtime):
+    name = "local"
+
+    def __init__(self, ir: IrData, workers: int = 1):
+        super().__init__(ir)
+        self.num_workers = 1
+        self.worker = Worker(ir, range(ir.replication_factor))
+        self.h2d_streams = self.worker.program.h2d_streams
+        self.d2h_streams = self.worker.program.d2h_streams
+
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        self.worker.run(inputs, outputs)
+
+    def run_fragment(self, which: str) -> None:
+        self.worker.run_fragment(which)
+
+    def read_variables(self, tids: Sequence[str]) -> Dict[str, np.ndarray]:
+        per = self.worker.read_weights(tids)
+        return {t: to_host_layout(self.ir, t, v) for t, v in per.items()}
+
+    def write_variables(self, values: Dict[str, np.ndarray]) -> None:
+        self.worker.write_weights(values)

@@ -1,0 +1,285 @@
+"""`popxl.Session`: compile an Ir once, attach, stream data in and out, read and write weights."""
+from __future__ import annotations
+
+import logging
+from typing import Dict, Iterable, Mapping, Optional, Set, Tuple
+
+import numpy as np
+
+from . import dtypes
+from ._ir.records import TensorKind
+from .runtime import create_runtime
+from .streams import DeviceToHostStream, HostToDeviceStream
+from .tensor import Constant, Tensor, Variable
+from .utils import to_numpy
+
+__all__ = ["Session"]
+
+_log = logging.getLogger("popxl")
+_DEVICES = ("ipu_hw", "ipu_model", "cpu")
+_announced = False
+
+_DETACHED_MSG = ("Must be attached to device before calling a runtime function. Try using "
+                 "`with session:`.")
+
+
+def _announce(device: str, backend: str, replicas: int, workers: int) -> None:
+    global _announced
+    if not _announced:
+        _log.info("popxl-dist: device '%s' is emulated on NumPy (backend %s, %d replica(s) on "
+                  "%d worker(s))", device, backend, replicas, workers)
+        _announced = True
+
+
+class Session:
+    """Runs an Ir. Every device name is the emulator; replication is allowed on all of them.
+
+    Args:
+        ir: the program; it must not be modified afterwards.
+        device_desc: "ipu_hw", "ipu_model" or "cpu".
+        weights_to_host_on_exit: copy weights back to the host when leaving `with session:`.
+
+    Example:
+        >>> with popxl.Session(ir, "ipu_hw") as session:
+        ...     outputs = session.run({x_stream: x_data})
+    """
+
+    def __init__(self, ir, device_desc: str = "cpu", weights_to_host_on_exit: bool = True):
+        from .ir import Ir
+
+        if not isinstance(ir, Ir):
+            raise TypeError(f"Session: `ir` must be a popxl.Ir, got {type(ir).__name__}")
+        if not isinstance(device_desc, str) or device_desc not in _DEVICES:
+            raise ValueError(f"Session: device_desc must be one of {_DEVICES}, got "
+                             f"{device_desc!r}")
+        self._ir = ir
+        self._device_desc = device_desc
+        self.weights_to_host_on_exit = weights_to_host_on_exit
+        ir._prepared = True
+        data = ir._data
+        main = data.main
+        self._variables = {t: i for t, i in main.tensors.items() if i.kind == TensorKind.VARIABLE}
+        self._host_weights: Dict[str, np.ndarray] = {
+            t: (i.data if isinstance(i.data, np.memmap) else np.array(i.data, copy=True))
+            for t, i in self._variables.items()}
+        self._runtime = create_runtime(data)
+        _announce(device_desc, self._runtime.name, data.replication_factor,
+                  self._runtime.num_workers)
+        self._h2d = [ir._streams[s] for s in self._runtime.h2d_streams]
+        self._d2h = [ir._streams[s] for s in self._runtime.d2h_streams]
+        self._h2d_slot = {s: i for i, s in enumerate(self._h2d)}
+        self._expected: Set[HostToDeviceStream] = set(self._h2d)
+        self._attached = False
+        self._depth_attached: list = []
+        self._out_of_sync = False
+
+    # --- properties --------------------------------------------------------------------
+    @property
+    def ir(self):
+        return self._ir
+
+    @property
+    def is_attached(self) -> bool:
+        return self._attached
+
+    @property
+    def device(self) -> str:
+        return self._device_desc
+
+    # --- attach / detach ---------------------------------------------------------------
+    def __enter__(self) -> "Session":
+        was = self._attached
+        self._depth_attached.append(was)
+        if not was:
+            self._attach()
+            self.weights_from_host()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        was = self._depth_attached.pop()
+        if not was and self._attached:
+            try:
+                if exc_type is None and self.weights_to_host_on_exit:
+                    self.weights_to_host()
+            finally:
+                self._detach()
+
+    def _attach(self) -> None:
+        self._runtime.attach()
+        self._attached = True
+
+    def _detach(self) -> None:
+        self._runtime.detach()
+        self._attached = False
+
+    def _require_attached(self) -> None:
+        if not self._attached:
+            raise ValueError(_DETACHED_MSG)
+
+    # --- host I/O shapes ---------------------------------------------------------------
+    def _extra_input_dims(self) -> Tuple[int, ...]:
+        n = self._ir.num_host_transfers
+        r = self._ir.instance_replication_factor
+        return tuple(d for d in (n, r) if d > 1)
+
+    def _full_input_shape(self, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+        return self._extra_input_dims() + tuple(shape)
+
+    def expected_inputs(self) -> Set[HostToDeviceStream]:
+        return set(self._expected)
+
+    def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
+        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy())
+                for s in self._d2h}
+
+    def _as_transfers(self, stream, arr: np.ndarray, is_input: bool) -> np.ndarray:
+        """Check `arr` against the stream and view it as `(T, R, *shape)`."""
+        shape = tuple(stream.shape)
+        n = self._ir.num_host_transfers
+        r = self._ir.instance_replication_factor
+        full = self._full_input_shape(shape)
+        kind = "input" if is_input else "output"
+        if arr.shape == full:
+            t = n
+        elif n > 1 and arr.ndim == len(full) and arr.shape[0] >= n and arr.shape[1:] == full[1:]:
+            t = arr.shape[0]
+        elif arr.size == int(np.prod(full)) and np.squeeze(arr).shape == tuple(
+                d for d in full if d != 1):
+            t = n
+        else:
+            raise ValueError(
+                f"Session.run: {kind} stream '{stream.tensor_id}' expects an array of shape "
+                f"{full} (num_host_transfers={n}, replicas={r}, stream shape {shape}), "
+                f"got shape {arr.shape}")
+        return arr.reshape((t, r) + shape)
+
+    def _convert_input(self, stream, value, downcast: bool) -> np.ndarray:
+        try:
+            arr = to_numpy(value, downcast=downcast, copy=False)
+        except Exception as e:  # noqa: BLE001
+            raise TypeError(f"Session.run: input for stream '{stream.tensor_id}' cannot be "
+                            f"converted to a NumPy array: {e}") from e
+        want = stream.dtype.as_numpy()
+        if arr.dtype != want:
+            raise TypeError(
+                f"Session.run: input stream '{stream.tensor_id}' expects dtype "
+                f"{stream.dtype.name}, got {arr.dtype} (convert the data, e.g. "
+                f"arr.astype(np.{want.name}))")
+        return self._as_transfers(stream, arr, True)
+
+    # --- running -----------------------------------------------------------------------
+    def run(self, inputs: Optional[Mapping[HostToDeviceStream, np.ndarray]] = None,
+            downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
+        """Run the program once; returns `{d2h_stream: array}` in upstream's host layout."""
+        self._require_attached()
+        outputs = self.create_host_outputs()
+        self.run_with_outputs(inputs, outputs, downcast_inputs)
+        return outputs
+
+    def run_with_outputs(self, inputs: Optional[Mapping[HostToDeviceStream, np.ndarray]] = None,
+                         outputs: Optional[Mapping[DeviceToHostStream, np.ndarray]] = None,
+                         downcast_inputs: bool = True) -> None:
+        """Run once, writing into the caller's `outputs` arrays."""
+        self._require_attached()
+        inputs = inputs or {}
+        outputs = outputs or {}
+        if inputs.keys() != self._expected:
+            self._stream_key_error("input", set(inputs), self._expected)
+        if outputs.keys() != set(self._d2h):
+            self._stream_key_error("output", set(outputs), set(self._d2h))
+        in_arrays = [self._convert_input(s, inputs[s], downcast_inputs) for s in self._h2d]
+        out_arrays = []
+        for s in self._d2h:
+            o = outputs[s]
+            if not isinstance(o, np.ndarray) or o.dtype != s.dtype.as_numpy():
+                raise TypeError(f"Session.run_with_outputs: output for stream '{s.tensor_id}' "
+                                f"must be a NumPy array of dtype {s.dtype.name}")
+            out_arrays.append(self._as_transfers(s, o, False))
+        self._runtime.run(in_arrays, out_arrays)
+        self._out_of_sync = True
+
+    @staticmethod
+    def _stream_key_error(kind: str, got: Set, want: Set) -> None:
+        unexpected = [s.tensor_id if hasattr(s, "tensor_id") else repr(s) for s in got - want]
+        missing = [s.tensor_id for s in want - got]
+        raise ValueError(f"Session.run: the {kind} streams do not match the program. "
+                         f"Unexpected: {sorted(unexpected)}. Missing: {sorted(missing)}.")
+
+    # --- weights -----------------------------------------------------------------------
+    def weights_to_host(self) -> None:
+        """Copy every variable from the device into the host buffers."""
+        self._require_attached()
+        self._runtime.run_fragment("weights_to_host")
+        values = self._runtime.read_variables(list(self._variables))
+        for tid, value in values.items():
+            buf = self._host_weights[tid]
+            if buf.shape == value.shape:
+                buf[...] = value
+            else:
+                self._host_weights[tid] = value
+        self._out_of_sync = False
+
+    def weights_from_host(self) -> None:
+        """Copy every host weight to the device."""
+        self._require_attached()
+        self._runtime.write_variables(self._host_weights)
+        self._runtime.run_fragment("weights_from_host")
+        self._out_of_sync = False
+
+    def _check_tensor(self, t) -> None:
+        if not isinstance(t, (Variable, Constant)):
+            raise TypeError(f"get_tensor_data: only Variables and Constants can be read, got "
+                            f"{t!r} (stream it out with ops.host_store instead)")
+        if t.ir is not self._ir:
+            raise ValueError(f"get_tensor_data: tensor '{t.id}' belongs to another Ir")
+
+    def get_tensor_data(self, tensor) -> np.ndarray:
+        """The host value of a Variable (synced from the device first if needed) or Constant."""
+        return self.get_tensors_data([tensor])[tensor]
+
+    def get_tensors_data(self, tensors: Iterable) -> Dict:
+        tensors = list(tensors)
+        for t in tensors:
+            self._check_tensor(t)
+        if self._attached and self._out_of_sync and any(isinstance(t, Variable) for t in tensors):
+            self.weights_to_host()
+        return {t: (self._host_weights[t.id] if isinstance(t, Variable) else t._info.data)
+                for t in tensors}
+
+    def write_variable_data(self, tensor, data) -> None:
+        self.write_variables_data({tensor: data})
+
+    def write_variables_data(self, tensor_data: Mapping) -> None:
+        """Write host data into variables (and to the device when attached)."""
+        updates = {}
+        for v, data in tensor_data.items():
+            if not isinstance(v, Variable):
+                raise TypeError(f"write_variable_data: only Variables can be written, got {v!r}")
+            if v.ir is not self._ir:
+                raise ValueError(f"write_variable_data: variable '{v.id}' belongs to another Ir")
+            want = v.dtype.as_numpy()
+            if isinstance(data, (int, float, bool, np.number)) and not isinstance(data, np.ndarray):
+                arr = np.full(v.shape_on_host, data, dtype=want)
+            else:
+                arr = to_numpy(data, copy=False, downcast=False)
+                if arr.dtype != want:
+                    raise TypeError(f"write_variable_data: variable '{v.id}' has dtype "
+                                    f"{v.dtype.name}; got data of dtype {arr.dtype}")
+            if arr.shape != tuple(v.shape_on_host):
+                raise ValueError(f"write_variable_data: variable '{v.id}' expects host data of "
+                                 f"shape {tuple(v.shape_on_host)}, got {arr.shape}")
+            if v.retrieval_mode == "all_replicas" and v.replica_grouping.group_size > 1:
+                raise NotImplementedError("write_variable_data with retrieval_mode "
+                                          "'all_replicas' and group_size > 1 is not supported "
+                                          "(as upstream)")
+            updates[v.id] = arr
+        if self._attached and self._out_of_sync:
+            self.weights_to_host()
+        for tid, arr in updates.items():
+            buf = self._host_weights[tid]
+            if isinstance(buf, np.memmap) or buf.shape == arr.shape:
+                buf[...] = arr
+            else:
+                self._host_weights[tid] = arr.copy()
+        if self._attached:
+            self._runtime.write_variables({t: self._host_weights[t] for t in updates})

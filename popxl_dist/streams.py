@@ -1,0 +1,74 @@
+"""Host streams: `h2d_stream` / `d2h_stream` handles living in the main graph."""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import dtypes
+from ._ir.records import TensorKind
+from .context import gcg
+from .tensor import Tensor, TensorSpec, _new_tensor
+
+__all__ = ["HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
+
+
+class _Stream:
+    def __init__(self, *a, **k):
+        raise NotImplementedError("Streams are created with popxl.h2d_stream / popxl.d2h_stream")
+
+    @classmethod
+    def _create(cls, tensor: Tensor) -> "_Stream":
+        s = object.__new__(cls)
+        s._stream_tensor = tensor
+        return s
+
+    shape = property(lambda self: self._stream_tensor.shape)
+    dtype = property(lambda self: self._stream_tensor.dtype)
+    tensor_id = property(lambda self: self._stream_tensor.id)
+
+    @property
+    def spec(self) -> TensorSpec:
+        return self._stream_tensor.spec
+
+    def __hash__(self) -> int:
+        return hash(self._stream_tensor)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream) and other._stream_tensor == self._stream_tensor
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__} {self._stream_tensor!r}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}[{self.tensor_id} {self.dtype} {self.shape}]"
+
+
+class HostToDeviceStream(_Stream):
+    """A stream of host data into the device, read with `ops.host_load`."""
+
+
+class DeviceToHostStream(_Stream):
+    """A stream of device data to the host, written with `ops.host_store`."""
+
+
+def _make(cls, shape, dtype, name: str):
+    main = gcg().ir.main_graph
+    d = dtypes.dtype.as_dtype(dtype)
+    info = _new_tensor(main, name, tuple(shape), d, TensorKind.STREAM,
+                       extra={"direction": "h2d" if cls is HostToDeviceStream else "d2h"})
+    s = cls._create(main._tensor(info.id))
+    main.ir._streams[info.id] = s
+    return s
+
+
+def h2d_stream(shape, dtype: dtypes.dtype, name: Optional[str] = None) -> HostToDeviceStream:
+    """A host-to-device stream of tensors of `shape` and `dtype` (always in the main graph)."""
+    return _make(HostToDeviceStream, shape, dtype, name or "h2d_stream")
+
+
+def d2h_stream(shape, dtype: dtypes.dtype, name: Optional[str] = None) -> DeviceToHostStream:
+    """A device-to-host stream of tensors of `shape` and `dtype` (always in the main graph)."""
+    return _make(DeviceToHostStream, shape, dtype, name or "d2h_stream")
+
+
+def _stream_for(ir, stream_id: str):
+    return ir._streams[stream_id]

@@ -1,0 +1,430 @@
+"""Public tensors: `Tensor`, `Variable`, `Constant`, `TensorSpec`, `TensorByRef` and their factories."""
+from __future__ import annotations
+
+import collections.abc
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, Union
+
+import numpy as np
+
+from . import dtypes
+from ._ir.records import TensorInfo, TensorKind
+from .context import get_current_context, gcg
+from .errors import UndefinedValue
+from .utils import to_numpy
+
+if TYPE_CHECKING:
+    from .graph import Graph
+    from .ir import Ir
+    from .replica_grouping import ReplicaGrouping
+
+__all__ = ["Tensor", "Variable", "Constant", "TensorSpec", "TensorByRef", "graph_input",
+           "graph_output", "variable", "constant", "HostTensor", "TensorLike"]
+
+HostTensor = Union[np.ndarray, float, int, bool, list, tuple]
+
+
+class TensorSpec(collections.abc.Mapping):
+    """Shape, dtype and meta_shape of a tensor, without a tensor."""
+
+    def __init__(self, shape: Tuple[int, ...], dtype: dtypes.dtype, meta_shape: Tuple[int, ...] = ()):
+        self._d = {"shape": tuple(int(s) for s in shape), "dtype": dtypes.dtype.as_dtype(dtype),
+                   "meta_shape": tuple(meta_shape or ())}
+
+    shape = property(lambda self: self._d["shape"])
+    dtype = property(lambda self: self._d["dtype"])
+    meta_shape = property(lambda self: self._d["meta_shape"])
+
+    def __getitem__(self, k: str) -> Any:
+        return self._d[k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return 3
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(self._d)
+
+    def to_tuple(self) -> Tuple[Any, ...]:
+        return (self.shape, self.dtype, self.meta_shape)
+
+    def __hash__(self) -> int:
+        return hash(self.to_tuple())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TensorSpec) and self.to_tuple() == other.to_tuple()
+
+    def __repr__(self) -> str:
+        return f"TensorSpec(shape={self.shape}, dtype={self.dtype}, meta_shape={self.meta_shape})"
+
+
+class TensorByRef:
+    """Annotation marking a `create_graph` parameter as a by-reference input."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("TensorByRef is an annotation only; it cannot be instantiated")
+
+
+def _ops():
+    from . import ops
+
+    return ops
+
+
+class Tensor:
+    """A tensor of a graph. Instances come from ops, `graph_input`, `variable` and `constant`."""
+
+    __array_ufunc__ = None  # make NumPy defer to our reflected operators
+    __iter__ = None
+    __contains__ = None
+
+    def __init__(self) -> None:
+        raise TypeError("Tensors are not constructed directly: use popxl ops, popxl.variable, "
+                        "popxl.constant or popxl.graph_input")
+
+    @classmethod
+    def _create(cls, graph: "Graph", info: TensorInfo) -> "Tensor":
+        t = object.__new__(cls)
+        t._graph = graph
+        t._info = info
+        return t
+
+    # --- attributes -------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def name(self) -> str:
+        gid = self._graph.id
+        return self._info.id[len(gid) + 1:] if gid and self._info.id.startswith(gid + "/") \
+            else self._info.id
+
+    @property
+    def scope(self) -> str:
+        return self._graph.id
+
+    dtype = property(lambda self: self._info.dtype)
+    shape = property(lambda self: self._info.shape)
+    rank = property(lambda self: len(self._info.shape))
+    nelms = property(lambda self: self._info.nelms)
+
+    @property
+    def meta_shape(self) -> Tuple[int, ...]:
+        return self._info.meta_shape
+
+    @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.shape, self.dtype, self.meta_shape)
+
+    @property
+    def ir(self) -> "Ir":
+        return self._graph.ir
+
+    @property
+    def ipu(self) -> int:
+        op = self._graph._data.producer.get(self.id)
+        if op is None:
+            ipu = self._info.extra.get("ipu", 0)
+        else:
+            ipu = op.ipu
+        if ipu is None:
+            raise UndefinedValue(f"The ipu of tensor '{self.id}' is undefined")
+        return ipu
+
+    @property
+    def tile_set(self) -> str:
+        op = self._graph._data.producer.get(self.id)
+        return op.tile_set if op is not None else "compute"
+
+    @property
+    def in_sync_with_ipu(self) -> bool:
+        return True
+
+    @property
+    def location_info(self):
+        return self._info.extra.get("location")
+
+    def strides(self, shape=None) -> Tuple[int, ...]:
+        shape = tuple(self.shape if shape is None else shape)
+        item = self.dtype.as_numpy().itemsize
+        out, acc = [], item
+        for s in reversed(shape):
+            out.append(acc)
+            acc *= s
+        return tuple(reversed(out))
+
+    # --- methods ----------------------------------------------------------------------
+    def transpose(self, permutation=None) -> "Tensor":
+        return _ops().transpose(self, permutation)
+
+    def transpose_(self, permutation=None) -> "Tensor":
+        return _ops().transpose_(self, permutation)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.transpose()
+
+    @property
+    def T_(self) -> "Tensor":
+        return self.transpose_()
+
+    def reshape(self, shape) -> "Tensor":
+        return _ops().reshape(self, shape)
+
+    def reshape_(self, shape) -> "Tensor":
+        return _ops().reshape_(self, shape)
+
+    def flatten(self) -> "Tensor":
+        return _ops().flatten(self)
+
+    def flatten_(self) -> "Tensor":
+        return _ops().flatten_(self)
+
+    def detach(self) -> "Tensor":
+        return _ops().detach(self)
+
+    def detach_(self) -> "Tensor":
+        return _ops().detach_(self)
+
+    def diag(self) -> "Tensor":
+        if self.rank != 2:
+            raise ValueError(f"diag: tensor '{self.id}' must be 2-D, got shape {self.shape}")
+        return self.flatten()[:: self.shape[1] + 1]
+
+    def copy_to_ipu(self, destination: int, source: Optional[int] = None) -> "Tensor":
+        return _ops().ipu_copy(self, destination, source)
+
+    # --- operators --------------------------------------------------------------------
+    def _ensure(self, other: Any) -> "Tensor":
+        if isinstance(other, Tensor):
+            return other
+        return constant(other, self.dtype)
+
+    def __add__(self, o):
+        return _ops().add(self, self._ensure(o))
+
+    def __radd__(self, o):
+        return _ops().add(self._ensure(o), self)
+
+    def __iadd__(self, o):
+        _ops().add_(self, self._ensure(o))
+        return self
+
+    def __sub__(self, o):
+        return _ops().sub(self, self._ensure(o))
+
+    def __rsub__(self, o):
+        return _ops().sub(self._ensure(o), self)
+
+    def __mul__(self, o):
+        return _ops().mul(self, self._ensure(o))
+
+    def __rmul__(self, o):
+        return _ops().mul(self._ensure(o), self)
+
+    def __truediv__(self, o):
+        return _ops().div(self, self._ensure(o))
+
+    def __rtruediv__(self, o):
+        return _ops().div(self._ensure(o), self)
+
+    def __mod__(self, o):
+        return _ops().fmod(self, self._ensure(o))
+
+    def __rmod__(self, o):
+        return _ops().fmod(self._ensure(o), self)
+
+    def __pow__(self, o):
+        # Deviation from upstream (documented quirk): a Python exponent takes self's dtype so
+        # that `x ** 2` works on float tensors.
+        return _ops().pow(self, self._ensure(o))
+
+    def __rpow__(self, o):
+        return _ops().pow(self._ensure(o), self)
+
+    def __neg__(self):
+        return _ops().negate(self)
+
+    def __matmul__(self, o):
+        return _ops().matmul(self, self._ensure(o))
+
+    def __rmatmul__(self, o):
+        return _ops().matmul(self._ensure(o), self)
+
+    def __and__(self, o):
+        return _ops().logical_and(self, self._ensure(o))
+
+    def __rand__(self, o):
+        return _ops().logical_and(self._ensure(o), self)
+
+    def __or__(self, o):
+        return _ops().logical_or(self, self._ensure(o))
+
+    def __ror__(self, o):
+        return _ops().logical_or(self._ensure(o), self)
+
+    def __invert__(self):
+        return _ops().logical_not(self)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise ValueError(f"len() of scalar tensor '{self.id}'")
+        return self.shape[0]
+
+    def __getitem__(self, key) -> "Tensor":
+        from .ops.indexing import tensor_getitem
+
+        return tensor_getitem(self, key)
+
+    def __eq__(self, other: object) -> bool:  # identity, as upstream
+        return isinstance(other, Tensor) and other._info is self._info
+
+    def __hash__(self) -> int:
+        return hash((self._info.id, id(self._graph.ir)))
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"Tensor[{self.id} {self.dtype} {self.shape}]"
+
+
+class Variable(Tensor):
+    """A persistent main-graph tensor, one copy per replica (or per replica group)."""
+
+    @property
+    def replica_grouping(self) -> "ReplicaGrouping":
+        rg = self._info.extra.get("replica_grouping")
+        return rg if rg is not None else self.ir.replica_grouping()
+
+    @property
+    def retrieval_mode(self) -> str:
+        return self._info.extra.get("retrieval_mode", "one_per_group")
+
+    @property
+    def shape_on_host(self) -> Tuple[int, ...]:
+        rg = self.replica_grouping
+        if self.retrieval_mode == "all_replicas" and rg.group_size > 1:
+            return (self.ir.replication_factor, *self._full_shape)
+        if rg.num_groups > 1:
+            return (rg.num_groups, *self._full_shape)
+        return self._full_shape
+
+    @property
+    def shape_on_replica(self) -> Tuple[int, ...]:
+        return self.shape
+
+    @property
+    def _full_shape(self) -> Tuple[int, ...]:
+        return self.meta_shape if self._info.extra.get("sharded") else self.shape
+
+    def copy_to_ipu(self, dst: int, src: int) -> Tensor:
+        return _ops().ipu_copy(self, dst, src)
+
+
+class Constant(Tensor):
+    """A tensor whose value is folded into the program."""
+
+    def copy_to_ipu(self, dst: int, src: int) -> Tensor:
+        return _ops().ipu_copy(self, dst, src)
+
+
+TensorLike = Union[Tensor, HostTensor]
+
+
+def _wrap(graph: "Graph", info: TensorInfo) -> Tensor:
+    return graph._tensor(info.id)
+
+
+def _new_tensor(graph: "Graph", name: Optional[str], shape, dtype, kind: str,
+                meta_shape=(), data=None, extra=None) -> TensorInfo:
+    gd = graph._data
+    tid = graph.ir._data.unique_tensor_id(gd, graph._scoped_tensor_id(name or "t"))
+    info = TensorInfo(tid, tuple(shape), dtype, kind, tuple(meta_shape or ()), data, extra)
+    gd.tensors[tid] = info
+    return info
+
+
+def graph_input(shape, dtype: dtypes.dtype, name: Optional[str] = None, by_ref: bool = False,
+                meta_shape=None) -> Tensor:
+    """Add an input to the current graph and return it."""
+    g = gcg()
+    info = _new_tensor(g, name, shape, dtypes.dtype.as_dtype(dtype), TensorKind.INPUT,
+                       meta_shape or ())
+    g._data.inputs.append(info.id)
+    if by_ref:
+        g._data.by_ref_inputs.add(info.id)
+    return g._tensor(info.id)
+
+
+def graph_output(t: Tensor) -> None:
+    """Mark `t` as the next output of the current graph."""
+    g = gcg()
+    if not isinstance(t, Tensor):
+        raise TypeError(f"graph_output: expected a popxl.Tensor, got {type(t).__name__}")
+    if t._graph is not g:
+        raise ValueError(f"graph_output: tensor '{t.id}' is not in the current graph '{g.id}'")
+    g._data.outputs.append(t.id)
+
+
+def _check_float8_args(d, log2_scale, nan_on_overflow, what: str) -> None:
+    if d is not None and d in dtypes.FLOAT8_DTYPES:
+        dtypes.check_not_float8(d, what)
+    if log2_scale is not None or nan_on_overflow is not None:
+        raise RuntimeError(f"{what}: log2_scale and nan_on_overflow are only for float8 dtypes")
+
+
+def _host_array(data, dtype, downcast, what: str) -> np.ndarray:
+    if isinstance(data, Tensor):
+        raise TypeError(f"{what}: `data` must be host data (NumPy, Python, torch), got {data!r}")
+    d = dtypes.dtype.as_dtype(dtype) if dtype is not None else None
+    arr = to_numpy(data, d, downcast=downcast)
+    dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported NumPy dtypes
+    return arr
+
+
+def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
+             downcast: bool = True, replica_grouping: Optional["ReplicaGrouping"] = None,
+             retrieval_mode: Optional[str] = None, log2_scale=None,
+             nan_on_overflow=None) -> Variable:
+    """A variable in the main graph initialised with `data`.
+
+    With a `replica_grouping` of G > 1 groups, `data` has shape `(G, *shape)`.
+    """
+    _check_float8_args(dtype, log2_scale, nan_on_overflow, "variable")
+    g = gcg()
+    if g is not g.ir.main_graph:
+        raise ValueError(f"variable: variables can only be created in the main graph, the "
+                         f"current graph is '{g.id}'")
+    arr = _host_array(data, dtype, downcast, "variable")
+    rg = replica_grouping
+    if rg is not None and rg._ir is not g.ir:
+        raise ValueError("variable: the replica grouping belongs to another Ir")
+    mode = retrieval_mode or "one_per_group"
+    if mode not in ("one_per_group", "all_replicas"):
+        raise ValueError(f"variable: retrieval_mode must be 'one_per_group' or 'all_replicas', "
+                         f"got {mode!r}")
+    shape = arr.shape
+    if rg is not None and rg.num_groups > 1:
+        if arr.ndim == 0 or arr.shape[0] != rg.num_groups:
+            raise ValueError(
+                f"variable '{name or 't'}': with a replica grouping of {rg.num_groups} groups the "
+                f"data needs a leading group axis of size {rg.num_groups}, got shape {arr.shape}")
+        shape = arr.shape[1:]
+    info = _new_tensor(g, name, shape, dtypes.dtype.as_dtype(arr.dtype), TensorKind.VARIABLE,
+                       data=arr, extra={"replica_grouping": rg, "retrieval_mode": mode})
+    return g._tensor(info.id)
+
+
+def constant(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
+             downcast: bool = True, log2_scale=None, nan_on_overflow=None) -> Constant:
+    """A constant in the current graph."""
+    _check_float8_args(dtype, log2_scale, nan_on_overflow, "constant")
+    g = gcg()
+    arr = _host_array(data, dtype, downcast, "constant")
+    arr.setflags(write=False)
+    info = _new_tensor(g, name, arr.shape, dtypes.dtype.as_dtype(arr.dtype), TensorKind.CONSTANT,
+                       data=arr)
+    return g._tensor(info.id)

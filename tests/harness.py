@@ -1,0 +1,93 @@
+"""Test helpers: build a tiny program around some ops, run it, and check gradients.
+
+`run_ops(fn, *arrays)`: each array becomes an h2d stream + host_load; `fn(*tensors)` builds ops in
+the main graph and returns a Tensor or a tuple of Tensors; each is host_stored. Returns NumPy arrays.
+
+`grads(fn, arrays, dys)`: builds `fn` as a subgraph, differentiates it with
+`popxl.transforms.autodiff`, and returns (outputs, input gradients) for output gradients `dys`.
+
+`numeric_grads(fn, arrays, dys)`: central finite differences of sum(out_i * dy_i) in float64.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Sequence
+
+import numpy as np
+
+import popxl
+import popxl.ops as ops
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def run_ops(fn: Callable, *arrays: np.ndarray) -> List[np.ndarray]:
+    ir = popxl.Ir()
+    with ir.main_graph:
+        streams = [popxl.h2d_stream(a.shape, popxl.dtype.as_dtype(a.dtype), f"in{i}")
+                   for i, a in enumerate(arrays)]
+        ts = [ops.host_load(s, f"in{i}") for i, s in enumerate(streams)]
+        outs = _as_tuple(fn(*ts))
+        d2h = []
+        for i, o in enumerate(outs):
+            s = popxl.d2h_stream(o.shape, o.dtype, f"out{i}")
+            ops.host_store(s, o)
+            d2h.append(s)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        res = sess.run(dict(zip(streams, arrays)))
+    return [res[s] for s in d2h]
+
+
+def grads(fn: Callable, arrays: Sequence[np.ndarray], dys: Sequence[np.ndarray]):
+    """(outputs, grads of every input) of `fn` through autodiff; ints get no gradient."""
+    ir = popxl.Ir()
+    arrays = list(arrays)
+    with ir.main_graph:
+        specs = [popxl.TensorSpec(a.shape, popxl.dtype.as_dtype(a.dtype)) for a in arrays]
+        g = ir.create_graph(lambda *xs: fn(*xs), *specs)
+        required = [t for t in g.inputs if t.dtype.is_floating_point]
+        bwd = popxl.transforms.autodiff(g, grads_required=required)
+        streams = [popxl.h2d_stream(a.shape, popxl.dtype.as_dtype(a.dtype), f"in{i}")
+                   for i, a in enumerate(arrays)]
+        ts = [ops.host_load(s, f"in{i}") for i, s in enumerate(streams)]
+        info = ops.call_with_info(g, *ts)
+        n_out = len(dys)
+        outs = info.outputs[:n_out]
+        dy_streams = [popxl.h2d_stream(d.shape, popxl.dtype.as_dtype(d.dtype), f"dy{i}")
+                      for i, d in enumerate(dys)]
+        dy_ts = [ops.host_load(s, f"dy{i}") for i, s in enumerate(dy_streams)]
+        gouts = ops.call(bwd.graph, *dy_ts, inputs_dict=bwd.inputs_dict(info))
+        d2h = []
+        for i, o in enumerate(list(outs) + list(gouts)):
+            s = popxl.d2h_stream(o.shape, o.dtype, f"out{i}")
+            ops.host_store(s, o)
+            d2h.append(s)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        res = sess.run({**dict(zip(streams, arrays)), **dict(zip(dy_streams, dys))})
+    vals = [res[s] for s in d2h]
+    return vals[:n_out], vals[n_out:]
+
+
+def numeric_grads(fn: Callable, arrays: Sequence[np.ndarray], dys: Sequence[np.ndarray],
+                  eps: float = 1e-6) -> List[np.ndarray]:
+    """Finite-difference gradients (float64) of sum_i <fn(arrays)_i, dys_i> w.r.t. float inputs."""
+    arrays = [np.array(a, dtype=np.float64) if a.dtype.kind == "f" else a for a in arrays]
+
+    def f(xs):
+        outs = run_ops(fn, *xs)
+        return sum(float(np.sum(o.astype(np.float64) * d)) for o, d in zip(outs, dys))
+
+    result = []
+    for k, a in enumerate(arrays):
+        if a.dtype.kind != "f":
+            continue
+        g = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            plus = [x.copy() for x in arrays]
+            minus = [x.copy() for x in arrays]
+            plus[k][idx] += eps
+            minus[k][idx] -= eps
+            g[idx] = (f(plus) - f(minus)) / (2 * eps)
+        result.append(g)
+    return result
