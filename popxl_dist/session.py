@@ -11,7 +11,7 @@ from ._ir.records import TensorKind
 from .runtime import create_runtime
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, Tensor, Variable
-from .utils import to_numpy
+from .utils import _DOWNCAST, to_numpy
 
 __all__ = ["Session"]
 
@@ -155,11 +155,14 @@ class Session:
 
     def _convert_input(self, stream, value, downcast: bool) -> np.ndarray:
         try:
-            arr = to_numpy(value, downcast=downcast, copy=False)
+            arr = value if type(value) is np.ndarray else to_numpy(value, downcast=False,
+                                                                   copy=False)
         except Exception as e:  # noqa: BLE001
             raise TypeError(f"Session.run: input for stream '{stream.tensor_id}' cannot be "
                             f"converted to a NumPy array: {e}") from e
         want = stream.dtype.as_numpy()
+        if downcast and arr.dtype != want and _DOWNCAST.get(arr.dtype) == want:
+            arr = arr.astype(want)
         if arr.dtype != want:
             raise TypeError(
                 f"Session.run: input stream '{stream.tensor_id}' expects dtype "

@@ -1,0 +1,144 @@
+"""The compiled program: value semantics despite NumPy views, by-ref/by-value calls, loops,
+conditionals, and errors naming the op that failed."""
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+from popxl.errors import EngineError
+
+
+def _run(build):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        outs = build(ir)
+        streams = []
+        for i, o in enumerate(outs):
+            s = popxl.d2h_stream(o.shape, o.dtype, f"o{i}")
+            ops.host_store(s, o)
+            streams.append(s)
+    with popxl.Session(ir, "cpu") as sess:
+        res = sess.run()
+        return [res[s] for s in streams], sess
+
+
+def test_view_is_a_value_when_its_source_is_modified_later():
+    def build(ir):
+        x = popxl.variable(np.arange(6, dtype=np.float32), name="x")
+        v = x.reshape((2, 3))           # NumPy would make this a view of x
+        ops.add_(x, popxl.constant(np.ones(6, np.float32)))
+        return [v, x]
+
+    (v, x), _ = _run(build)
+    np.testing.assert_array_equal(v, np.arange(6).reshape(2, 3))
+    np.testing.assert_array_equal(x, np.arange(6) + 1)
+
+
+def test_modifying_a_view_does_not_change_its_source():
+    def build(ir):
+        x = popxl.variable(np.zeros((2, 2), np.float32), name="x")
+        t = x.transpose()
+        ops.add_(t, popxl.constant(np.ones((2, 2), np.float32)))
+        return [x, t]
+
+    (x, t), sess = _run(build)
+    np.testing.assert_array_equal(x, 0)
+    np.testing.assert_array_equal(t, 1)
+
+
+def test_inplace_view_writes_through():
+    def build(ir):
+        x = popxl.variable(np.zeros((2, 2), np.float32), name="x")
+        ops.add_(x.reshape_((4,)), popxl.constant(np.arange(4, dtype=np.float32)))
+        return [x]
+
+    (x,), _ = _run(build)
+    np.testing.assert_array_equal(x, np.arange(4).reshape(2, 2))
+
+
+@pytest.mark.parametrize("by_ref", [True, False])
+def test_by_ref_and_by_value_calls(by_ref):
+    def build(ir):
+        v = popxl.variable(np.zeros(3, np.float32), name="v")
+        g = ir.create_empty_graph("inc")
+        with g:
+            t = popxl.graph_input((3,), popxl.float32, "t", by_ref=by_ref)
+            ops.add_(t, popxl.constant(np.ones(3, np.float32)))
+            popxl.graph_output(t * 1.0)
+        out, = ops.call(g, v)
+        return [v, out]
+
+    (v, out), _ = _run(build)
+    np.testing.assert_array_equal(out, 1)
+    np.testing.assert_array_equal(v, 1 if by_ref else 0)
+
+
+def test_set_parent_input_modified():
+    def build(ir):
+        v = popxl.variable(np.zeros(2, np.float32), name="v")
+        g = ir.create_empty_graph("inc")
+        with g:
+            t = popxl.graph_input((2,), popxl.float32, "t")
+            ops.add_(t, popxl.constant(np.ones(2, np.float32)))
+        info = ops.call_with_info(g, v)
+        info.set_parent_input_modified(v)
+        return [v]
+
+    (v,), _ = _run(build)
+    np.testing.assert_array_equal(v, 1)
+
+
+def test_repeat_carries_outputs_and_by_ref_state():
+    def build(ir):
+        counter = popxl.variable(np.zeros((), np.float32), name="counter")
+
+        def body(x: popxl.Tensor, c: popxl.TensorByRef):
+            ops.add_(c, popxl.constant(np.float32(1)))
+            return x * 2.0
+
+        g = ir.create_graph(body, popxl.TensorSpec((2,), popxl.float32), counter)
+        x0 = popxl.constant(np.array([1.0, 3.0], np.float32))
+        y, = ops.repeat(g, 5, x0, counter)
+        return [y, counter]
+
+    (y, c), _ = _run(build)
+    np.testing.assert_array_equal(y, [32.0, 96.0])
+    assert c == 5
+
+
+@pytest.mark.parametrize("flag,want", [(True, 3.0), (False, -3.0)])
+def test_conditional(flag, want):
+    def build(ir):
+        x = popxl.constant(np.float32(3.0))
+        then_g = ir.create_graph(lambda a: a * 1.0, x)
+        else_g = ir.create_graph(lambda a: -a, x)
+        cond = popxl.constant(np.array(flag))
+        y, = ops.conditional(cond, then_g, else_g, [x], [x])
+        return [y]
+
+    (y,), _ = _run(build)
+    assert y == want
+
+
+def test_kernel_error_names_the_op():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.zeros((2, 2), np.float32), name="x")
+        y = ops.reshape_(x.transpose(), (4,))   # impossible in-place view of a transpose
+        s = popxl.d2h_stream(y.shape, y.dtype, "y")
+        ops.host_store(s, y)
+    with popxl.Session(ir, "cpu") as sess:
+        with pytest.raises(EngineError, match=r"ReshapeInplace\.\d+ 'reshape_inplace' \(built at .*test_compile.py:\d+\)"):
+            sess.run()
+
+
+def test_compiled_code_has_no_name_lookups():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(4, np.float32), name="x")
+        y = ops.gelu(x @ popxl.variable(np.ones((4, 4), np.float32), name="w"))
+        s = popxl.d2h_stream(y.shape, y.dtype, "y")
+        ops.host_store(s, y)
+    sess = popxl.Session(ir, "cpu")
+    src = sess._runtime.worker.program.main.source
+    assert "def run(ctx)" in src and "'" not in src and "[\"" not in src

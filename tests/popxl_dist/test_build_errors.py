@@ -1,0 +1,87 @@
+"""Builders catch bad programs at build time, with messages naming tensors, shapes and dtypes."""
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+
+
+def test_ops_outside_any_graph():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones(2, np.float32))
+    with pytest.raises(RuntimeError, match="no graph has been selected"):
+        ops.add(a, a)
+
+
+def test_tensor_from_another_graph_must_be_passed_in():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.ones((2, 2), np.float32), name="w")
+
+        def fn(x):
+            return x @ w
+
+        with pytest.raises(ValueError, match=r"matmul: the input tensor 'w' is not in the current Graph '.*fn_subgraph\(0\)'"):
+            ir.create_graph(fn, popxl.TensorSpec((2, 2), popxl.float32))
+
+
+def test_matmul_shape_mismatch_at_build_time():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones((2, 3), np.float32), name="a")
+        b = popxl.variable(np.ones((4, 5), np.float32), name="b")
+        with pytest.raises(ValueError, match=r"matmul: 'a' \(2, 3\) @ 'b' \(4, 5\): inner dims differ"):
+            a @ b
+
+
+def test_broadcast_and_dtype_mismatch():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones((2, 3), np.float32), name="a")
+        b = popxl.variable(np.ones((4,), np.float32), name="b")
+        c = popxl.variable(np.ones((2, 3), np.int32), name="c")
+        with pytest.raises(ValueError, match=r"add: shapes cannot be broadcast together: 'a' \(2, 3\), 'b' \(4,\)"):
+            a + b
+        with pytest.raises(TypeError, match="same dtype, got 'a' float32, 'c' int32"):
+            ops.add(a, c)
+
+
+def test_variable_only_in_main_graph():
+    ir = popxl.Ir()
+    g = ir.create_empty_graph("sub")
+    with g:
+        with pytest.raises(ValueError, match="only be created in the main graph"):
+            popxl.variable(np.ones(2))
+
+
+def test_graph_and_tensor_naming_and_reprs():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones((2, 4), np.float32), name="x")
+        with popxl.name_scope("layer"):
+            y = x + 1.0
+        v2 = popxl.variable(np.ones(3, np.float32), name="x")
+    assert repr(x) == "Tensor[x popxl.dtypes.float32 (2, 4)]"
+    assert y.name == "layer/add_out"
+    assert v2.name.startswith("x__t")
+
+    class Lin(popxl.Module):
+        def build(self, x):
+            return x * 2.0
+
+    g = ir.create_graph(Lin(), x)
+    g2 = ir.create_graph(Lin(), x)
+    prefix = "test_graph_and_tensor_naming_and_reprs.Lin"  # qualname without ".<locals>"
+    assert (g.id, g2.id) == (f"{prefix}_subgraph(0)", f"{prefix}_subgraph(1)")
+    assert g.inputs[0].id == f"{prefix}_subgraph(0)/x"
+    assert g.inputs[0].name == "x"
+    assert repr(popxl.float16) == "popxl.dtypes.float16"
+    assert popxl.dtype.as_dtype(np.int32) is popxl.int32
+
+
+def test_float8_raises_not_implemented():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        with pytest.raises(NotImplementedError, match="float8"):
+            popxl.variable(np.zeros(2), popxl.float8_143)

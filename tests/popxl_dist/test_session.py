@@ -1,0 +1,140 @@
+"""Session: host I/O layout, attach semantics, weights, and the errors upstream users expect."""
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+
+
+def _double_program(shape=(2, 3), n_transfers=1):
+    ir = popxl.Ir()
+    ir.num_host_transfers = n_transfers
+    with ir.main_graph:
+        x_s = popxl.h2d_stream(shape, popxl.float32, "x")
+        w = popxl.variable(np.ones(shape, np.float32), name="w")
+        x = ops.host_load(x_s, "x")
+        y = x * 2.0 + w
+        y_s = popxl.d2h_stream(shape, popxl.float32, "y")
+        ops.host_store(y_s, y)
+    return ir, x_s, y_s, w
+
+
+def test_run_returns_outputs_and_requires_attach():
+    ir, x_s, y_s, w = _double_program()
+    sess = popxl.Session(ir, "ipu_model")
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with pytest.raises(ValueError, match="Must be attached"):
+        sess.run({x_s: data})
+    assert not sess.is_attached
+    with sess:
+        assert sess.is_attached
+        out = sess.run({x_s: data})
+    assert not sess.is_attached
+    np.testing.assert_array_equal(out[y_s], data * 2 + 1)
+
+
+@pytest.mark.parametrize("bad,err,match", [
+    (np.zeros((3, 3), np.float32), ValueError, r"'x' expects an array of shape \(2, 3\).*got shape \(3, 3\)"),
+    (np.zeros((2, 3), np.int32), TypeError, r"'x' expects dtype float32, got int32"),
+])
+def test_stream_shape_and_dtype_errors_name_the_stream(bad, err, match):
+    ir, x_s, y_s, _ = _double_program()
+    with popxl.Session(ir, "cpu") as sess:
+        with pytest.raises(err, match=match):
+            sess.run({x_s: bad})
+
+
+def test_float64_input_is_downcast_like_upstream():
+    ir, x_s, y_s, _ = _double_program()
+    with popxl.Session(ir, "cpu") as sess:
+        out = sess.run({x_s: np.ones((2, 3))})
+    assert out[y_s].dtype == np.float32
+    np.testing.assert_array_equal(out[y_s], 3)
+
+
+def test_missing_and_unknown_streams():
+    ir, x_s, y_s, _ = _double_program()
+    other = popxl.Ir()
+    with other.main_graph:
+        z_s = popxl.h2d_stream((1,), popxl.float32, "z")
+    with popxl.Session(ir, "cpu") as sess:
+        with pytest.raises(ValueError, match=r"Missing: \['x'\]"):
+            sess.run({})
+        with pytest.raises(ValueError, match=r"Unexpected: \['z'\]"):
+            sess.run({x_s: np.zeros((2, 3), np.float32), z_s: np.zeros(1, np.float32)})
+
+
+def test_num_host_transfers_with_repeat_reads_each_transfer():
+    ir = popxl.Ir()
+    ir.num_host_transfers = 3
+    with ir.main_graph:
+        x_s = popxl.h2d_stream((2,), popxl.float32, "x")
+        y_s = popxl.d2h_stream((2,), popxl.float32, "y")
+        acc = popxl.variable(np.zeros(2, np.float32), name="acc")
+
+        def body(a: popxl.TensorByRef):
+            x = ops.host_load(x_s, "x")
+            ops.add_(a, x)
+            ops.host_store(y_s, a + 0.0)
+
+        g = ir.create_graph(body, acc)
+        ops.repeat(g, 3, acc)
+    data = np.arange(6, dtype=np.float32).reshape(3, 2)
+    with popxl.Session(ir, "cpu") as sess:
+        assert sess._full_input_shape((2,)) == (3, 2)
+        out = sess.run({x_s: data})
+        np.testing.assert_array_equal(out[y_s], np.cumsum(data, axis=0))
+        np.testing.assert_array_equal(sess.get_tensor_data(acc), data.sum(0))
+
+
+def test_weights_read_write_and_sync():
+    ir, x_s, y_s, w = _double_program()
+    sess = popxl.Session(ir, "cpu")
+    np.testing.assert_array_equal(sess.get_tensor_data(w), np.ones((2, 3)))
+    sess.write_variable_data(w, np.full((2, 3), 5, np.float32))
+    with sess:
+        out = sess.run({x_s: np.zeros((2, 3), np.float32)})
+        np.testing.assert_array_equal(out[y_s], 5)
+        sess.write_variable_data(w, np.full((2, 3), 7, np.float32))
+        out = sess.run({x_s: np.zeros((2, 3), np.float32)})
+        np.testing.assert_array_equal(out[y_s], 7)
+    with pytest.raises(ValueError, match=r"'w' expects host data of shape \(2, 3\), got \(3,\)"):
+        sess.write_variable_data(w, np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="'w' has dtype float32; got data of dtype float64"):
+        sess.write_variable_data(w, np.zeros((2, 3), np.float64))
+
+
+def test_get_tensor_data_rejects_non_variables():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.ones(2, np.float32))
+        y = v + 1.0
+    sess = popxl.Session(ir, "cpu")
+    with pytest.raises(TypeError, match="only Variables and Constants"):
+        sess.get_tensor_data(y)
+    with pytest.raises(TypeError, match="only Variables can be written"):
+        sess.write_variable_data(y, np.ones(2, np.float32))
+
+
+def test_variables_updated_in_place_persist_across_runs():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.zeros(3, np.float32), name="counter")
+        ops.add_(v, popxl.constant(np.ones(3, np.float32)))
+    with popxl.Session(ir, "cpu") as sess:
+        for _ in range(4):
+            sess.run()
+        np.testing.assert_array_equal(sess.get_tensor_data(v), 4)
+
+
+def test_bad_device_name():
+    ir, *_ = _double_program()
+    with pytest.raises(ValueError, match="device_desc must be one of"):
+        popxl.Session(ir, "gpu")
+
+
+def test_session_options_shim_is_settable():
+    ir, *_ = _double_program()
+    ir._pb_ir.getSessionOptions().numIOTiles = 32
+    assert ir._pb_ir.getSessionOptions().numIOTiles == 32
+    popxl.Session(ir, "ipu_hw")
