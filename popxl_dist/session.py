@@ -69,6 +69,9 @@ class Session:
         self._d2h = [ir._streams[s] for s in self._runtime.d2h_streams]
         self._h2d_slot = {s: i for i, s in enumerate(self._h2d)}
         self._expected: Set[HostToDeviceStream] = set(self._h2d)
+        self._n_transfers = ir.num_host_transfers
+        self._n_replicas = ir.instance_replication_factor
+        self._extra_dims = tuple(d for d in (self._n_transfers, self._n_replicas) if d > 1)
         self._attached = False
         self._depth_attached: list = []
         self._out_of_sync = False
@@ -118,12 +121,10 @@ class Session:
 
     # --- host I/O shapes ---------------------------------------------------------------
     def _extra_input_dims(self) -> Tuple[int, ...]:
-        n = self._ir.num_host_transfers
-        r = self._ir.instance_replication_factor
-        return tuple(d for d in (n, r) if d > 1)
+        return self._extra_dims
 
     def _full_input_shape(self, shape: Tuple[int, ...]) -> Tuple[int, ...]:
-        return self._extra_input_dims() + tuple(shape)
+        return self._extra_dims + tuple(shape)
 
     def expected_inputs(self) -> Set[HostToDeviceStream]:
         return set(self._expected)
@@ -134,10 +135,9 @@ class Session:
 
     def _as_transfers(self, stream, arr: np.ndarray, is_input: bool) -> np.ndarray:
         """Check `arr` against the stream and view it as `(T, R, *shape)`."""
-        shape = tuple(stream.shape)
-        n = self._ir.num_host_transfers
-        r = self._ir.instance_replication_factor
-        full = self._full_input_shape(shape)
+        shape = stream.shape
+        n, r = self._n_transfers, self._n_replicas
+        full = self._extra_dims + shape
         kind = "input" if is_input else "output"
         if arr.shape == full:
             t = n

@@ -313,12 +313,11 @@ class _AliasPlan:
                     parent[op.outputs[0]] = op.inputs[0]
             elif spec.alias and op.outputs:
                 parent[op.outputs[0]] = op.inputs[0]
+            elif spec.external and op.outputs:
+                external.add(op.outputs[0])       # e.g. HostLoad returns host memory
             elif spec.view and op.outputs:
-                if op.inputs:
-                    parent[op.outputs[0]] = op.inputs[0]
-                    view_edge[op.outputs[0]] = pos
-                else:
-                    external.add(op.outputs[0])   # e.g. HostLoad returns host memory
+                parent[op.outputs[0]] = op.inputs[0]
+                view_edge[op.outputs[0]] = pos
         self.last_use = last_use
 
         inf = len(ops) + 1

@@ -72,10 +72,14 @@ def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, x.dtype.type(0))
 
 
-def _float_or_int(fn: Callable) -> Callable:
-    """Float kernels run in float32 for float16 inputs; other dtypes run `fn` directly."""
+def _float_or_int(fn: Callable, int_identity: bool = False) -> Callable:
+    """Float kernels run in float32 for float16 inputs; other dtypes run `fn` directly
+    (`int_identity`: integer inputs are returned as a copy, e.g. ceil/floor)."""
     def factory(attrs, ins, outs):
-        return via_f32(fn, np_dtype(outs[0]))
+        dt = np_dtype(outs[0])
+        if int_identity and dt.kind in "iub":
+            return lambda x: np.array(x, copy=True)
+        return via_f32(fn, dt)
     return factory
 
 
@@ -118,7 +122,7 @@ def _quiet(fn: Callable) -> Callable:
 
 
 for _t, _tin, _fn in _UNARY:
-    kernel(_t)(_float_or_int(_quiet(_fn)))
+    kernel(_t)(_float_or_int(_quiet(_fn), int_identity=_t in ("Ceil", "Floor")))
     if _tin:
         kernel(_tin, modifies=(0,))(_in_place(_quiet(_fn)))
 

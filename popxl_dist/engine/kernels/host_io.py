@@ -15,7 +15,7 @@ def _init(attrs, ins, outs):
     return lambda: np.zeros(shape, dt)
 
 
-@kernel("HostLoad", context=True, view=True)
+@kernel("HostLoad", context=True, external=True)
 def _host_load(attrs, ins, outs, env):
     slot = env.h2d_slot(attrs["stream"])
 

@@ -8,7 +8,9 @@ inputs and outputs, and returns the callable the program runs:
 
 In-place op types (``modifies``) write into those inputs' arrays and return input 0. ``view`` kernels
 may return a NumPy view of input 0 (the compiler copies when aliasing would be observable);
-``alias`` kernels return a view on purpose (upstream's reshape_/transpose_ family).
+``alias`` kernels return a view on purpose (upstream's reshape_/transpose_ family);
+``external`` kernels return memory the program does not own (read-only host input data), which
+the compiler copies if the program writes to it.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class KernelSpec:
     alias: bool = False
     context: bool = False
     collective: bool = False
+    external: bool = False
 
 
 KERNELS: Dict[str, KernelSpec] = {}
@@ -36,14 +39,15 @@ CONTROL_FLOW_TYPES = frozenset({"Call", "Loop", "If"})
 
 
 def kernel(op_type: str, *, modifies: Tuple[int, ...] = (), view: bool = False,
-           alias: bool = False, context: bool = False, collective: bool = False):
+           alias: bool = False, context: bool = False, collective: bool = False,
+           external: bool = False):
     """Register the decorated factory as the kernel of `op_type` (duplicates are refused)."""
 
     def deco(factory: Callable) -> Callable:
         if op_type in KERNELS:
             raise ValueError(f"kernel for op type '{op_type}' is already registered")
         KERNELS[op_type] = KernelSpec(op_type, factory, tuple(modifies), view, alias, context,
-                                      collective)
+                                      collective, external)
         return factory
 
     return deco

@@ -164,3 +164,8 @@ def _call_grad(g, dys) -> Grads:
         if e.fwd_tensor.id in cgd.inputs:
             dxs[cgd.inputs.index(e.fwd_tensor.id)] = o
     return dxs
+
+
+@grad_rule("Expand")
+def _expand_grad(g, dys) -> Grads:
+    return [g.unbroadcast(dys[0], g.in_info(0).shape)]

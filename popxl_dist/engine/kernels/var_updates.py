@@ -1,0 +1,215 @@
+"""Kernels: the var_updates family (Accumulate, AccumulatorScale, SparseAccumulate, CopyVarUpdate,
+the Adam/Lamb/AdaMax updaters and AdamVarUpdate). All write into input 0 in place, except the
+updaters, which return a new array and increment their step input (the last input) in place.
+
+Numerics (mixed precision as on the IPU): `X` is rounded into `t`'s dtype first; the scalar
+coefficients are computed in float32 (the optimizer value's type); the update is computed in
+float32 for float16 accumulators and rounded once into `t`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._util import F16, F32, np_dtype, scalar
+from .registry import kernel
+
+_MOVING = ("moving_average", "moving_average_square")
+
+
+def _calc_dtypes(t_dt: np.dtype):
+    """(coefficient dtype, compute dtype) for an accumulator of dtype `t_dt`."""
+    if t_dt == F16:
+        return F32, F32
+    if t_dt == F32:
+        return F32, F32
+    return t_dt, t_dt
+
+
+def _accumulate_coeffs(mode: str, f, cdt):
+    """(a, b) with the update t = a*t + b*X' (a None: a == 1)."""
+    one = cdt.type(1)
+    if mode == "add":
+        return None, one
+    f = cdt.type(f)
+    if mode in ("dampened_add", "dampened_add_square"):
+        return None, f
+    if mode == "mean":
+        return f / (f + one), one / (f + one)
+    if mode in _MOVING:
+        return f, one - f
+    raise ValueError(f"Accumulate: unknown mode {mode!r}")
+
+
+@kernel("Accumulate", modifies=(0,))
+def _accumulate_kernel(attrs, ins, outs):
+    mode = attrs["mode"]
+    square = mode in ("dampened_add_square", "moving_average_square")
+    t_dt = np_dtype(ins[0])
+    cdt, calc = _calc_dtypes(t_dt)
+    f_tensor = attrs.get("f_tensor", False)
+    const = None if f_tensor else _accumulate_coeffs(mode, attrs.get("f"), cdt)
+    x_dt = np_dtype(ins[1])
+
+    if mode == "add" and calc == t_dt:
+        if x_dt == t_dt:
+            def add_same(t, x):
+                np.add(t, x, out=t)
+                return t
+            return add_same
+
+        def add_mixed(t, x):
+            np.add(t, x.astype(t_dt), out=t)
+            return t
+        return add_mixed
+
+    def run(t, x, *extra):
+        a, b = const if const is not None else _accumulate_coeffs(
+            mode, scalar(extra[0], cdt), cdt)
+        xv = (x if x_dt == t_dt else x.astype(t_dt)).astype(calc)   # round X into t's dtype
+        if square:
+            xv *= xv
+        if b != 1:
+            xv *= b
+        tv = t if calc == t_dt else t.astype(calc)
+        if a is None:
+            r = tv + xv
+        else:
+            r = tv * a
+            r += xv
+        t[...] = r
+        return t
+    return run
+
+
+@kernel("AccumulatorScale", modifies=(0,))
+def _accumulator_scale_kernel(attrs, ins, outs):
+    t_dt = np_dtype(ins[0])
+    cdt, calc = _calc_dtypes(t_dt)
+    if not attrs.get("f_tensor"):
+        f = cdt.type(attrs["f"])
+        if f == 0:
+            def zero(t):
+                t[...] = 0        # clears NaN / Inf too, as upstream's constant-0 case
+                return t
+            return zero
+
+    def run(t, *extra):
+        s = scalar(extra[0], cdt) if extra else cdt.type(attrs["f"])
+        if calc == t_dt:
+            t *= s
+        else:
+            t[...] = t.astype(calc) * s
+        return t
+    return run
+
+
+@kernel("SparseAccumulate", modifies=(0,))
+def _sparse_accumulate_kernel(attrs, ins, outs):
+    axis = int(attrs["axis"])
+    t_dt = np_dtype(ins[0])
+    cdt, calc = _calc_dtypes(t_dt)
+    t_shape = ins[0].shape
+    n_idx = ins[2].nelms
+    x2 = t_shape[:axis] + (n_idx,) + t_shape[axis + 1:]
+    f_tensor = attrs.get("f_tensor", False)
+    f_const = None if f_tensor else cdt.type(attrs["f"])
+
+    def run(t, x, indices, *extra):
+        f = scalar(extra[0], cdt) if f_tensor else f_const
+        idx = indices.reshape(-1).astype(np.int64, copy=False)
+        xv = x.astype(t_dt, copy=False).astype(calc).reshape(x2)
+        if f != 1:
+            xv *= f
+        tv = t if calc == t_dt else t.astype(calc)
+        np.add.at(np.moveaxis(tv, axis, 0), idx, np.moveaxis(xv, axis, 0))
+        if tv is not t:
+            t[...] = tv
+        return t
+    return run
+
+
+@kernel("CopyVarUpdate", modifies=(0,))
+def _copy_var_update_kernel(attrs, ins, outs):
+    def run(t, x):
+        t[...] = x
+        return t
+    return run
+
+
+def _updater_factory(attrs, ins, outs):
+    mode = attrs["mode"]
+    has_w = attrs["has_weight"]
+    wd_tensor = attrs.get("wd_tensor", False)
+    has_step = attrs["has_step"]
+    out_dt = np_dtype(outs[0])
+    calc = F32 if out_dt in (F16, F32) else out_dt
+    for i in ins:
+        if np_dtype(i) not in (F16, F32):
+            calc = np.dtype(np.float64)
+    eps = calc.type(attrs["epsilon"])
+    b1 = None if attrs["beta1"] is None else calc.type(attrs["beta1"])
+    b2 = None if attrs["beta2"] is None else calc.type(attrs["beta2"])
+    bias = attrs["bias_correction"]
+    wd_const = calc.type(attrs.get("wd") or 0.0)
+    one = calc.type(1)
+    i_m = 1 if has_w else 0
+
+    def run(*args):
+        m = args[i_m].astype(calc)
+        v = args[i_m + 1].astype(calc)
+        if has_step:
+            step = args[-1]
+            step += 1                             # in place, before use (upstream)
+            ts = calc.type(step.reshape(())[()])
+            if bias:
+                m /= one - np.power(b1, ts)
+                if mode != "adamax":
+                    v /= one - np.power(b2, ts)
+        if mode == "adamax":
+            v += eps
+            x = m / v
+        else:
+            np.sqrt(v, out=v)
+            v += eps
+            x = m / v
+        if has_w:
+            wd = scalar(args[i_m + 2], calc) if wd_tensor else wd_const
+            if wd != 0:
+                x += wd * args[0].astype(calc)
+        return x.astype(out_dt, copy=False)
+    return run
+
+
+# The step, when given, is the last input and is incremented in place (modifies=(-1,)). Without
+# a step the last input is conservatively treated as written, which only costs a copy.
+for _t in ("AdamUpdater", "LambUpdater", "AdaMaxUpdater"):
+    kernel(_t, modifies=(-1,))(_updater_factory)
+
+
+@kernel("AdamVarUpdate", modifies=(0,))
+def _adam_var_update_kernel(attrs, ins, outs):
+    t_dt = np_dtype(ins[0])
+    cdt, calc = _calc_dtypes(t_dt)
+    lr_tensor, mwn_tensor = attrs.get("lr_tensor", False), attrs.get("mwn_tensor", False)
+    lr_c = None if lr_tensor else cdt.type(attrs["lr"])
+    mwn_c = None if mwn_tensor else cdt.type(attrs["mwn"])
+
+    def run(t, x, r1, r2, *extra):
+        i = 0
+        lr = lr_c
+        if lr_tensor:
+            lr = scalar(extra[0], cdt)
+            i = 1
+        mwn = scalar(extra[i], cdt) if mwn_tensor else mwn_c
+        r1s, r2s = scalar(r1, cdt), scalar(r2, cdt)
+        if r1s == 0 or r2s == 0 or mwn == 0:
+            ratio = cdt.type(1)
+        else:
+            ratio = np.minimum(np.sqrt(r1s), mwn) / np.sqrt(r2s)
+        scale = cdt.type(lr * ratio)
+        if calc == t_dt and x.dtype == t_dt:
+            t -= scale * x
+        else:
+            t[...] = t.astype(calc) - scale * x.astype(calc)
+        return t
+    return run
