@@ -76,7 +76,7 @@ class VariableFactory:
         if self.replica_sharded:
             n = int(np.prod(full))
             self.meta_shape: Tuple[int, ...] = full
-            self.shape: Tuple[int, ...] = (int(np.ceil(n / self.shard_over)),)
+            self.shape: Tuple[int, ...] = (n // self.shard_over,)
         else:
             self.meta_shape = ()
             self.shape = full
