@@ -1,0 +1,68 @@
+"""popxl.addons on the popxl-dist emulator: Modules with named variable inputs, DotTree
+collections, graph caching, autodiff helpers, optimisers and layers.
+
+Import as `import popxl_addons as addons`. Unlike upstream, importing does not need GitPython,
+cppimport, mpi4py or popdist; `GIT_COMMIT` is read from `.git` directly (or None).
+"""
+
+from . import ops, transforms
+from .array_munging import *  # noqa: F401,F403
+from .array_munging import __all__ as _am_all
+from .dot_tree import DotTree, sanitise, to_mapping
+from .graph import BoundGraph, GraphWithNamedArgs
+from .graph_cache import GraphCache, function
+from .module import Module, create_grad_graph_info
+from .named_replica_grouping import NamedReplicaGrouping
+from .named_tensors import NamedTensorData, NamedTensors
+from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from .streams import InputStreams, OutputStreams
+from .transforms import (autodiff, autodiff_with_accumulation, recompute_graph,
+                         remap_grad_info)
+from .utils import OrderedDict, WeightsDict, timer  # noqa: F811
+from .variable_factory import (NamedVariableFactories, VariableFactory,
+                               add_replica_sharded_variable_input, add_variable_input)
+
+
+def _git_commit():
+    """The short SHA of the git repo enclosing the cwd, or None (no GitPython needed)."""
+    import os
+
+    d = os.getcwd()
+    while True:
+        head = os.path.join(d, ".git", "HEAD")
+        if os.path.isfile(head):
+            try:
+                with open(head) as f:
+                    ref = f.read().strip()
+                if ref.startswith("ref: "):
+                    path = os.path.join(d, ".git", ref[5:])
+                    if os.path.isfile(path):
+                        with open(path) as f:
+                            return f.read().strip()[:7]
+                    packed = os.path.join(d, ".git", "packed-refs")
+                    if os.path.isfile(packed):
+                        with open(packed) as f:
+                            for line in f:
+                                if line.strip().endswith(ref[5:]):
+                                    return line.split()[0][:7]
+                    return None
+                return ref[:7]
+            except OSError:
+                return None
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+GIT_COMMIT = _git_commit()
+
+__all__ = [
+    "Module", "NamedTensors", "NamedTensorData", "NamedVariableFactories", "VariableFactory",
+    "GraphWithNamedArgs", "BoundGraph", "GraphCache", "function", "add_variable_input",
+    "add_replica_sharded_variable_input", "create_grad_graph_info", "OrderedDict", "timer",
+    "WeightsDict", "DotTree", "to_mapping", "sanitise", "NamedReplicaGrouping",
+    "cross_entropy", "cross_entropy_with_grad", "host_load", "host_store", "autodiff",
+    "autodiff_with_accumulation", "recompute_graph", "remap_grad_info", "InputStreams",
+    "OutputStreams", "ops", "transforms", "GIT_COMMIT", *_am_all,
+]

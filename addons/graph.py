@@ -110,11 +110,9 @@ class GraphWithNamedArgs:
                 "Autodiff has already been applied to the graph, as autodiff modifies the "
                 "forward graph in-place, it should only be applied once. Use `force=True` to "
                 "apply it again.")
-        from .module import Module
-        from .utils import overrides
+        from .module import _has_build_grad
 
-        has_grad = self.from_module is not None and overrides(type(self.from_module),
-                                                              "build_grad")
+        has_grad = self.from_module is not None and _has_build_grad(self.from_module)
         if method == "build_grad" and not has_grad:
             raise Exception("To use method='build_grad', `Module.build_grad` should be "
                             "overridden and `from_module` is specified when this object was "

@@ -71,11 +71,11 @@ def suffix_graph_name(name: str, suffix: str) -> str:
 
 
 def overrides(cls: type, method: str) -> bool:
-    """Whether `cls` overrides `method` of its first base that defines it."""
+    """Whether `method` of `cls` differs from its original (top-most base) definition."""
     impl = getattr(cls, method, None)
-    for base in cls.__mro__[1:]:
+    for base in reversed(cls.__mro__):
         if method in base.__dict__:
-            return impl is not getattr(base, method)
+            return impl is not base.__dict__[method]
     return False
 
 

@@ -13,6 +13,8 @@ import numpy as np
 from ._util import F16, F32, np_dtype, scalar
 from .registry import kernel
 
+__all__: list = []   # registrations only
+
 _MOVING = ("moving_average", "moving_average_square")
 
 

@@ -1,0 +1,4 @@
+"""popxl_addons optimizers."""
+from .adam import AdamOptimizerStep
+
+__all__ = ["AdamOptimizerStep"]

@@ -1,0 +1,364 @@
+"""Kernels: GroupNormalization (+Grad), BatchNormalization (+Grad), Nll (+Grad).
+
+float16 inputs are computed in float32 (statistics and reductions too) and rounded once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._util import F16, F32, np_dtype
+from .registry import kernel
+
+__all__: list = []   # registrations only
+
+_NLL_EPS = {F16: np.float32(6.104e-5)}
+_NLL_EPS_DEFAULT = 1e-7
+
+
+def _calc(dt: np.dtype) -> np.dtype:
+    return F32 if dt == F16 else dt
+
+
+def _chan_shape(shape):
+    """Shape that broadcasts a (C,) vector over channel axis 1 of `shape`."""
+    return (1, shape[1]) + (1,) * (len(shape) - 2)
+
+
+@kernel("GroupNormalization")
+def _group_norm_kernel(attrs, ins, outs):
+    g = int(attrs["num_groups"])
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    eps = calc.type(attrs["epsilon"])
+    shape = ins[0].shape
+    n = shape[0]
+    cs = _chan_shape(shape)
+
+    def run(x, w, b):
+        xg = x.reshape(n, g, -1).astype(calc)
+        mean = xg.mean(axis=2, keepdims=True)
+        xc = xg - mean
+        var = np.mean(xc * xc, axis=2, keepdims=True)
+        inv = 1 / np.sqrt(var + eps)
+        y = (xc * inv).reshape(shape)
+        y *= w.astype(calc).reshape(cs)
+        y += b.astype(calc).reshape(cs)
+        return (y.astype(dt, copy=False), mean.reshape(-1).astype(dt),
+                inv.reshape(-1).astype(dt))
+    return run
+
+
+@kernel("GroupNormalizationGrad")
+def _group_norm_grad_kernel(attrs, ins, outs):
+    """ins (dy, x, weight, mean, inv_std) -> (dx, dweight, dbias)."""
+    g = int(attrs["num_groups"])
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    shape = ins[1].shape
+    n = shape[0]
+    cs = _chan_shape(shape)
+    red = (0,) + tuple(range(2, len(shape)))
+
+    def run(dy, x, w, mean, inv):
+        dyc = dy.astype(calc)
+        inv_g = inv.astype(calc).reshape(n, g, 1)
+        xhat = ((x.reshape(n, g, -1).astype(calc) - mean.astype(calc).reshape(n, g, 1))
+                * inv_g).reshape(shape)
+        dw = np.sum(dyc * xhat, axis=red)
+        db = np.sum(dyc, axis=red)
+        dxhat = (dyc * w.astype(calc).reshape(cs)).reshape(n, g, -1)
+        xh = xhat.reshape(n, g, -1)
+        dx = dxhat - dxhat.mean(axis=2, keepdims=True)
+        dx -= xh * np.mean(dxhat * xh, axis=2, keepdims=True)
+        dx *= inv_g
+        return (dx.reshape(shape).astype(dt, copy=False), dw.astype(np_dtype(outs[1])),
+                db.astype(np_dtype(outs[2])))
+    return run
+
+
+@kernel("BatchNormalization")
+def _batch_norm_kernel(attrs, ins, outs):
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    eps = calc.type(attrs["epsilon"])
+    cs = _chan_shape(ins[0].shape)
+
+    def run(x, scale, bias, mean, var):
+        k = scale.astype(calc) / np.sqrt(var.astype(calc) + eps)
+        y = x.astype(calc) - mean.astype(calc).reshape(cs)
+        y *= k.reshape(cs)
+        y += bias.astype(calc).reshape(cs)
+        return y.astype(dt, copy=False)
+    return run
+
+
+@kernel("BatchNormalizationGrad")
+def _batch_norm_grad_kernel(attrs, ins, outs):
+    """ins (dy, x, scale, mean, var) -> (dx, dscale, dbias, dmean, dvar)."""
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    eps = calc.type(attrs["epsilon"])
+    shape = ins[1].shape
+    cs = _chan_shape(shape)
+    red = (0,) + tuple(range(2, len(shape)))
+    pdt = np_dtype(outs[1])
+
+    def run(dy, x, scale, mean, var):
+        dyc = dy.astype(calc)
+        s = scale.astype(calc)
+        inv = 1 / np.sqrt(var.astype(calc) + eps)
+        xc = x.astype(calc) - mean.astype(calc).reshape(cs)
+        sum_dy = np.sum(dyc, axis=red)
+        sum_dy_xc = np.sum(dyc * xc, axis=red)
+        dx = dyc * (s * inv).reshape(cs)
+        dscale = sum_dy_xc * inv
+        dmean = -sum_dy * s * inv
+        dvar = sum_dy_xc * s * (-0.5) * inv ** 3
+        return (dx.astype(dt, copy=False), dscale.astype(pdt), sum_dy.astype(pdt),
+                dmean.astype(pdt), dvar.astype(pdt))
+    return run
+
+
+def _nll_setup(attrs, probs_info, labels_info):
+    ignore = attrs.get("ignore_index")
+    reduction = attrs["reduction"]
+    log_prob = attrs["log_prob"]
+    pdt = np_dtype(probs_info)
+    calc = _calc(pdt)
+    eps = calc.type(_NLL_EPS.get(pdt, _NLL_EPS_DEFAULT))
+    n_classes = probs_info.shape[-1]
+
+    def pick(probs, labels):
+        """(rows, safe labels, valid mask or None, count) of the flattened problem."""
+        lab = labels.reshape(-1).astype(np.int64, copy=False)
+        valid = None if ignore is None else lab != ignore
+        safe = lab if valid is None else np.where(valid, lab, 0)
+        if safe.size and (safe.min() < 0 or safe.max() >= n_classes):
+            raise IndexError(f"Nll: a label is out of range [0, {n_classes})")
+        count = lab.shape[0] if valid is None else int(valid.sum())
+        return np.arange(lab.shape[0]), safe, valid, max(count, 1)
+
+    return ignore, reduction, log_prob, pdt, calc, eps, n_classes, pick
+
+
+@kernel("Nll")
+def _nll_kernel(attrs, ins, outs):
+    _, reduction, log_prob, pdt, calc, eps, n_classes, pick = _nll_setup(attrs, ins[0], ins[1])
+    out_dt = np_dtype(outs[0])
+    loss_shape = outs[0].shape
+
+    def run(probs, labels):
+        p = probs.reshape(-1, n_classes)
+        rows, safe, valid, count = pick(probs, labels)
+        picked = p[rows, safe].astype(calc)
+        loss = -picked if log_prob else -np.log(np.maximum(picked, eps))
+        if valid is not None:
+            loss = np.where(valid, loss, calc.type(0))
+        if reduction == "none":
+            return loss.reshape(loss_shape).astype(out_dt)
+        total = loss.sum(dtype=calc)
+        if reduction == "mean":
+            total = total / calc.type(count)
+        return np.asarray(total, dtype=out_dt)
+    return run
+
+
+@kernel("NllGrad")
+def _nll_grad_kernel(attrs, ins, outs):
+    """ins (dloss, probs, labels) -> dprobs."""
+    _, reduction, log_prob, pdt, calc, eps, n_classes, pick = _nll_setup(attrs, ins[1], ins[2])
+    out_dt = np_dtype(outs[0])
+
+    def run(dloss, probs, labels):
+        p = probs.reshape(-1, n_classes)
+        rows, safe, valid, count = pick(probs, labels)
+        if reduction == "none":
+            g = dloss.reshape(-1).astype(calc)
+        else:
+            g = np.full(rows.shape, np.asarray(dloss, dtype=calc).reshape(()), dtype=calc)
+            if reduction == "mean":
+                g /= calc.type(count)
+        if log_prob:
+            d = -g
+        else:
+            picked = p[rows, safe].astype(calc)
+            above = picked > eps            # below eps the max() clamps: zero gradient
+            d = np.where(above, -g / np.where(above, picked, 1), calc.type(0))
+        if valid is not None:
+            d = np.where(valid, d, calc.type(0))
+        out = np.zeros(p.shape, dtype=calc)
+        out[rows, safe] = d
+        return out.reshape(probs.shape).astype(out_dt, copy=False)
+    return run
+
+
+# --- convolution and pooling (im2col over kernel offsets) -----------------------------------
+
+class _Windows:
+    """Static geometry of a strided, dilated, padded window sweep over the spatial dims."""
+
+    def __init__(self, in_shape, kernel, strides, pads, dilations, out_sp):
+        n = len(kernel)
+        self.in_shape = tuple(in_shape)
+        self.begins = tuple(pads[:n])
+        sp = in_shape[2:]
+        # ends grow if ceil_mode windows run past the given padding
+        self.ends = tuple(max(pads[n + d], (out_sp[d] - 1) * strides[d]
+                              + (kernel[d] - 1) * dilations[d] + 1 - sp[d] - pads[d])
+                          for d in range(n))
+        self.padded = tuple(s + b + e for s, b, e in zip(sp, self.begins, self.ends))
+        self.out_sp = tuple(out_sp)
+        self.nk = int(np.prod(kernel))
+        self.slices = [tuple(slice(k * dl, k * dl + st * (o - 1) + 1, st)
+                             for k, dl, st, o in zip(off, dilations, strides, out_sp))
+                       for off in np.ndindex(*kernel)]
+        self.crop = tuple(slice(b, b + s) for b, s in zip(self.begins, sp))
+
+    def pad(self, x: np.ndarray, value=0) -> np.ndarray:
+        if not any(self.begins) and not any(self.ends):
+            return x
+        width = [(0, 0)] * (x.ndim - len(self.begins)) + list(zip(self.begins, self.ends))
+        return np.pad(x, width, constant_values=value)
+
+    def cols(self, xp: np.ndarray, lead: int) -> np.ndarray:
+        """(*lead dims, K, *out_sp): the window cells of every output position."""
+        pre = (slice(None),) * lead
+        return np.stack([xp[pre + sl] for sl in self.slices], axis=lead)
+
+    def fold(self, dcols: np.ndarray, lead: int) -> np.ndarray:
+        """Adjoint of `cols` followed by cropping the padding."""
+        out = np.zeros(dcols.shape[:lead] + self.padded, dtype=dcols.dtype)
+        pre = (slice(None),) * lead
+        for i, sl in enumerate(self.slices):
+            out[pre + sl] += dcols[pre + (i,)]
+        return out[pre + self.crop]
+
+
+def _conv_geometry(attrs, x_shape, w_shape, out_sp):
+    return _Windows(x_shape, w_shape[2:], attrs["strides"], attrs["pads"], attrs["dilations"],
+                    out_sp)
+
+
+def _conv_cols(win, x, g, calc):
+    n, c = x.shape[:2]
+    xp = win.pad(x.astype(calc, copy=False)).reshape((n, g, c // g) + win.padded)
+    cols = win.cols(xp, 3)                                    # (N, g, C/g, K, *O)
+    return cols.reshape(n, g, (c // g) * win.nk, -1)          # (N, g, C/g*K, P)
+
+
+@kernel("Conv")
+def _conv_kernel(attrs, ins, outs):
+    g = int(attrs["group"])
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    win = _conv_geometry(attrs, ins[0].shape, ins[1].shape, outs[0].shape[2:])
+    m = ins[1].shape[0]
+    out_shape = outs[0].shape
+
+    def run(x, w):
+        cols = _conv_cols(win, x, g, calc)
+        wg = w.astype(calc, copy=False).reshape(g, m // g, -1)
+        return np.matmul(wg, cols).reshape(out_shape).astype(dt, copy=False)
+    return run
+
+
+@kernel("ConvDataGrad")
+def _conv_data_grad_kernel(attrs, ins, outs):
+    """ins (dy, w) -> dx."""
+    g = int(attrs["group"])
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    x_shape, w_shape = outs[0].shape, ins[1].shape
+    win = _conv_geometry(attrs, x_shape, w_shape, ins[0].shape[2:])
+    n, c, m = x_shape[0], x_shape[1], w_shape[0]
+
+    def run(dy, w):
+        wg = w.astype(calc, copy=False).reshape(g, m // g, -1)
+        dyg = dy.astype(calc, copy=False).reshape(n, g, m // g, -1)
+        dcols = np.matmul(wg.transpose(0, 2, 1), dyg)          # (N, g, C/g*K, P)
+        dcols = dcols.reshape((n, g, c // g, win.nk) + win.out_sp)
+        return win.fold(dcols, 3).reshape(x_shape).astype(dt, copy=False)
+    return run
+
+
+@kernel("ConvWeightsGrad")
+def _conv_weights_grad_kernel(attrs, ins, outs):
+    """ins (dy, x) -> dw."""
+    g = int(attrs["group"])
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    x_shape, w_shape = ins[1].shape, outs[0].shape
+    win = _conv_geometry(attrs, x_shape, w_shape, ins[0].shape[2:])
+    n, m = x_shape[0], w_shape[0]
+
+    def run(dy, x):
+        cols = _conv_cols(win, x, g, calc)
+        dyg = dy.astype(calc, copy=False).reshape(n, g, m // g, -1)
+        dw = np.matmul(dyg, cols.transpose(0, 1, 3, 2)).sum(axis=0)
+        return dw.reshape(w_shape).astype(dt, copy=False)
+    return run
+
+
+def _pool_geometry(attrs, x_shape, out_sp):
+    return _Windows(x_shape, attrs["kernel_shape"], attrs["strides"], attrs["pads"],
+                    attrs["dilations"], out_sp)
+
+
+def _avg_counts(win, calc):
+    ones = win.pad(np.ones((1, 1) + win.in_shape[2:], dtype=calc))
+    return win.cols(ones, 2).sum(axis=2)                       # (1, 1, *O) real cells
+
+
+@kernel("AveragePool")
+def _avg_pool_kernel(attrs, ins, outs):
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    win = _pool_geometry(attrs, ins[0].shape, outs[0].shape[2:])
+    counts = _avg_counts(win, calc)
+
+    def run(x):
+        s = win.cols(win.pad(x.astype(calc, copy=False)), 2).sum(axis=2)
+        return (s / counts).astype(dt, copy=False)
+    return run
+
+
+@kernel("AveragePoolGrad")
+def _avg_pool_grad_kernel(attrs, ins, outs):
+    """ins (dy, x) -> dx."""
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    win = _pool_geometry(attrs, outs[0].shape, ins[0].shape[2:])
+    counts = _avg_counts(win, calc)
+
+    def run(dy, x):
+        share = dy.astype(calc) / counts
+        dcols = np.broadcast_to(share[:, :, None], share.shape[:2] + (win.nk,) + win.out_sp)
+        return win.fold(dcols, 2).astype(dt, copy=False)
+    return run
+
+
+@kernel("MaxPool")
+def _max_pool_kernel(attrs, ins, outs):
+    dt = np_dtype(outs[0])
+    win = _pool_geometry(attrs, ins[0].shape, outs[0].shape[2:])
+
+    def run(x):
+        return win.cols(win.pad(x, -np.inf), 2).max(axis=2).astype(dt, copy=False)
+    return run
+
+
+@kernel("MaxPoolGrad")
+def _max_pool_grad_kernel(attrs, ins, outs):
+    """ins (dy, x) -> dx: each output's gradient goes to its (first) maximal input cell."""
+    dt = np_dtype(outs[0])
+    calc = _calc(dt)
+    win = _pool_geometry(attrs, outs[0].shape, ins[0].shape[2:])
+
+    def run(dy, x):
+        cols = win.cols(win.pad(x, -np.inf), 2)
+        arg = cols.argmax(axis=2)
+        onehot = np.arange(win.nk).reshape((1, 1, win.nk) + (1,) * len(win.out_sp)) \
+            == arg[:, :, None]
+        dcols = onehot * dy.astype(calc)[:, :, None]
+        return win.fold(dcols, 2).astype(dt, copy=False)
+    return run

@@ -1,0 +1,319 @@
+"""Kernels: Slice(Inplace), Subsample, Split, Concat(Inplace), Gather/TiedGather, Scatter,
+ScatterReduce, DynamicSlice, DynamicUpdate(Inplace), OneHot and their grad op types.
+
+`ConcatInplace` is upstream's non-modifying alias of its inputs; here it is a fresh concatenation
+(same value; a later in-place write to the result does not reach the inputs).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._util import F16, F32, np_dtype
+from .registry import kernel
+
+__all__ = []
+
+
+def _index(rank: int, slices) -> tuple:
+    idx = [slice(None)] * rank
+    for a, b, e, s in slices:
+        idx[a] = slice(b, e, s)
+    return tuple(idx)
+
+
+def _slice_factory(attrs, ins, outs):
+    idx = _index(len(ins[0].shape), attrs["slices"])
+    return lambda x: x[idx]
+
+
+kernel("Slice", view=True)(_slice_factory)
+kernel("SliceInplace", alias=True)(_slice_factory)
+
+
+@kernel("SliceGrad")
+def _slice_grad(attrs, ins, outs):
+    """dy -> zeros of the input shape with dy in the sliced window."""
+    shape, dt = outs[0].shape, np_dtype(outs[0])
+    idx = _index(len(shape), attrs["slices"])
+
+    def run(dy):
+        dx = np.zeros(shape, dt)
+        dx[idx] = dy
+        return dx
+    return run
+
+
+def _strided(strides) -> tuple:
+    return tuple(slice(None, None, int(s)) for s in strides)
+
+
+@kernel("Subsample", view=True)
+def _subsample(attrs, ins, outs):
+    idx = _strided(attrs["strides"])
+    return lambda x: x[idx]
+
+
+@kernel("SubsampleGrad")
+def _subsample_grad(attrs, ins, outs):
+    shape, dt = outs[0].shape, np_dtype(outs[0])
+    idx = _strided(attrs["strides"])
+
+    def run(dy):
+        dx = np.zeros(shape, dt)
+        dx[idx] = dy
+        return dx
+    return run
+
+
+@kernel("Split")
+def _split(attrs, ins, outs):
+    axis = int(attrs["axis"])
+    bounds = np.cumsum(attrs["splits"])[:-1].tolist()
+    return lambda x: tuple(p.copy() for p in np.split(x, bounds, axis=axis))
+
+
+def _concat_factory(attrs, ins, outs):
+    axis = int(attrs["axis"])
+    return lambda *xs: np.concatenate(xs, axis=axis)
+
+
+kernel("Concat")(_concat_factory)
+kernel("ConcatInplace")(_concat_factory)
+
+
+# --- gather ------------------------------------------------------------------------------
+def _gather_factory(attrs, ins, outs):
+    axis = int(attrs["axis"])
+    groups = int(attrs.get("group_size", 1))
+    zero_oor = bool(attrs.get("zero_OOR", False))
+    rank = len(ins[0].shape)
+    dim = ins[0].shape[axis]
+
+    def take(x, idx, ax):
+        if not zero_oor:
+            return np.take(x, idx.astype(np.intp, copy=False), axis=ax)
+        ok = (idx >= 0) & (idx < dim)
+        r = np.take(x, np.where(ok, idx, 0).astype(np.intp), axis=ax)
+        mask = ok.reshape((1,) * ax + ok.shape + (1,) * (x.ndim - ax - 1))
+        return np.where(mask, r, np.zeros((), r.dtype))
+
+    if groups == 1:
+        return lambda x, idx: take(x, idx, axis)
+    return lambda x, idx: np.stack([take(x[g], idx[g], axis - 1) for g in range(groups)])
+
+
+kernel("Gather")(_gather_factory)
+kernel("TiedGather")(_gather_factory)
+
+
+@kernel("GatherGrad")
+def _gather_grad(attrs, ins, outs):
+    """(dy, indices) -> dx: dy scatter-added at the gathered positions (float32 for float16)."""
+    axis = int(attrs["axis"])
+    groups = int(attrs.get("group_size", 1))
+    zero_oor = bool(attrs.get("zero_OOR", False))
+    shape, dt = outs[0].shape, np_dtype(outs[0])
+    calc = F32 if dt == F16 else dt
+    dim = shape[axis]
+
+    def add_into(dx, dy, idx, ax):
+        idx = idx.astype(np.intp, copy=False)
+        if zero_oor:
+            ok = (idx >= 0) & (idx < dim)
+            mask = ok.reshape((1,) * ax + ok.shape + (1,) * (dx.ndim - ax - 1))
+            dy = np.where(mask, dy, 0)
+            idx = np.where(ok, idx, 0)
+        np.add.at(dx, (slice(None),) * ax + (idx,), dy.astype(calc, copy=False))
+
+    def run(dy, idx):
+        dx = np.zeros(shape, calc)
+        if groups == 1:
+            add_into(dx, dy, idx, axis)
+        else:
+            for g in range(groups):
+                add_into(dx[g], dy[g], idx[g], axis - 1)
+        return dx.astype(dt, copy=False)
+    return run
+
+
+# --- scatter -----------------------------------------------------------------------------
+@kernel("Scatter")
+def _scatter(attrs, ins, outs):
+    axis = int(attrs["axis"])
+
+    def run(t, idx, values):
+        out = t.copy()
+        np.put_along_axis(out, idx.astype(np.intp), values, axis=axis)
+        return out
+    return run
+
+
+@kernel("ScatterDataGrad")
+def _scatter_data_grad(attrs, ins, outs):
+    """(dy, indices) -> dy with zeros where the forward op wrote values."""
+    axis = int(attrs["axis"])
+
+    def run(dy, idx):
+        out = dy.copy()
+        np.put_along_axis(out, idx.astype(np.intp), 0, axis=axis)
+        return out
+    return run
+
+
+@kernel("ScatterValuesGrad")
+def _scatter_values_grad(attrs, ins, outs):
+    """(dy, indices) -> dy gathered at the written positions."""
+    axis = int(attrs["axis"])
+    return lambda dy, idx: np.take_along_axis(dy, idx.astype(np.intp), axis=axis)
+
+
+def _full_indices(idx, data_shape, axis):
+    """Indices broadcast to the data shape (a 1-D index runs along `axis`)."""
+    idx = idx.astype(np.intp, copy=False)
+    if idx.ndim == 1 and len(data_shape) != 1:
+        idx = idx.reshape((1,) * axis + idx.shape + (1,) * (len(data_shape) - axis - 1))
+    return np.broadcast_to(idx, data_shape)
+
+
+def _scatter_target(idx, axis):
+    """Index tuple addressing out[..., idx, ...] for every element of the data."""
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[axis] = idx
+    return tuple(grids)
+
+
+@kernel("ScatterReduce")
+def _scatter_reduce(attrs, ins, outs):
+    axis, red = int(attrs["axis"]), attrs["reduction"]
+    has_init = bool(attrs.get("has_initial", False))
+    shape, dt = outs[0].shape, np_dtype(outs[0])
+    data_shape = ins[0].shape
+    calc = F32 if dt == F16 else dt
+    ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}.get(red)
+
+    def run(data, idx, *init):
+        target = _scatter_target(_full_indices(idx, data_shape, axis), axis)
+        out = init[0].astype(calc) if has_init else np.zeros(shape, calc)
+        d = data.astype(calc, copy=False)
+        if red == "none":
+            out[target] = d
+        elif has_init or red == "sum":
+            ufunc.at(out, target, d)
+        else:
+            # no initial values: touched positions hold the reduction of their data only
+            hit = np.zeros(shape, bool)
+            hit[target] = True
+            fill = np.finfo(calc).max if calc.kind == "f" else np.iinfo(calc).max
+            tmp = np.full(shape, -fill if red == "max" else fill, calc)
+            ufunc.at(tmp, target, d)
+            out = np.where(hit, tmp, out)
+        return out.astype(dt, copy=False)
+    return run
+
+
+@kernel("ScatterReduceGrad")
+def _scatter_reduce_grad(attrs, ins, outs):
+    """(dy, data, indices, out) -> d data: dy gathered at each element's target; for max/min
+    only elements equal to the result get it (all ties)."""
+    axis, red = int(attrs["axis"]), attrs["reduction"]
+    data_shape = outs[0].shape
+
+    def run(dy, data, idx, out):
+        target = _scatter_target(_full_indices(idx, data_shape, axis), axis)
+        g = dy[target]
+        if red in ("max", "min"):
+            g = np.where(data == out[target], g, 0)
+        return np.ascontiguousarray(g, dtype=dy.dtype)
+    return run
+
+
+@kernel("ScatterReduceInitGrad")
+def _scatter_reduce_init_grad(attrs, ins, outs):
+    """(dy, initial_values, indices, out) -> d initial_values."""
+    axis, red = int(attrs["axis"]), attrs["reduction"]
+    data_shape = tuple(attrs["data_shape"])
+
+    def run(dy, init, idx, out):
+        if red == "sum":
+            return dy.copy()
+        if red in ("max", "min"):
+            return np.where(init == out, dy, 0).astype(dy.dtype)
+        g = dy.copy()
+        g[_scatter_target(_full_indices(idx, data_shape, axis), axis)] = 0
+        return g
+    return run
+
+
+# --- dynamic slice / update --------------------------------------------------------------
+def _window(attrs, shape):
+    """fn(index array) -> index tuple of the window, starts clamped to [0, dim - size]."""
+    axes, sizes = tuple(attrs["axes"]), tuple(attrs["sizes"])
+    limits = [shape[a] - s for a, s in zip(axes, sizes)]
+    rank = len(shape)
+
+    def window(index):
+        idx = [slice(None)] * rank
+        for k, (a, s) in enumerate(zip(axes, sizes)):
+            b = int(index.reshape(-1)[k])
+            b = 0 if b < 0 else (limits[k] if b > limits[k] else b)
+            idx[a] = slice(b, b + s)
+        return tuple(idx)
+    return window
+
+
+@kernel("DynamicSlice")
+def _dynamic_slice(attrs, ins, outs):
+    window = _window(attrs, ins[0].shape)
+    return lambda t, index: t[window(index)].copy()
+
+
+@kernel("DynamicUpdate")
+def _dynamic_update(attrs, ins, outs):
+    window = _window(attrs, ins[0].shape)
+
+    def run(t, index, upd):
+        out = t.copy()
+        out[window(index)] = upd
+        return out
+    return run
+
+
+@kernel("DynamicUpdateInplace", modifies=(0,))
+def _dynamic_update_inplace(attrs, ins, outs):
+    window = _window(attrs, ins[0].shape)
+
+    def run(t, index, upd):
+        t[window(index)] = upd
+        return t
+    return run
+
+
+# --- onehot ------------------------------------------------------------------------------
+def _onehot_mask(attrs, idx_shape):
+    axis, depth = int(attrs["axis"]), int(attrs["depth"])
+    classes = np.arange(depth).reshape((1,) * axis + (depth,) + (1,) * (len(idx_shape) - axis))
+
+    def mask(t):
+        i = t.astype(np.int64) if t.dtype.kind != "f" else np.trunc(t).astype(np.int64)
+        i = np.where(i < 0, i + depth, i)
+        return np.expand_dims(i, axis) == classes
+    return mask
+
+
+@kernel("OneHot")
+def _onehot(attrs, ins, outs):
+    mask = _onehot_mask(attrs, ins[0].shape)
+    return lambda t, depth, values: np.where(mask(t), values[1], values[0])
+
+
+@kernel("OneHotGrad")
+def _onehot_grad(attrs, ins, outs):
+    """(dy, t) -> d values = [sum of dy off the classes, sum of dy on them]."""
+    mask = _onehot_mask(attrs, ins[1].shape)
+    dt = np_dtype(outs[0])
+
+    def run(dy, t):
+        m = mask(t)
+        d = dy.astype(F32 if dt == F16 else dt, copy=False)
+        return np.array([np.sum(d, where=~m), np.sum(d, where=m)], dtype=dt)
+    return run

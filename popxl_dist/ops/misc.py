@@ -1,0 +1,104 @@
+"""Builders: print_tensor, ipu_copy, io_tile_copy, remote_code_load (code_copy always raises)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from .. import context
+from ..errors import UndefinedValue
+from ..graph import Graph
+from ..tensor import Tensor
+from ._builder import Out, add_op, check_tensor
+
+__all__ = ["print_tensor", "ipu_copy", "io_tile_copy", "remote_code_load"]
+
+_FLOAT_FORMATS = ("auto", "fixed", "scientific", "none")
+
+
+def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True,
+                 print_gradient: bool = False, summarise_threshold: int = 1000,
+                 edge_items: int = 3, max_line_width: int = 75, digits: int = 8,
+                 float_format: str = "auto", separator: str = " ", open_bracket: str = "[",
+                 close_bracket: str = "]") -> Tensor:
+    """Print `t` at run time (`<title>: <values>`, NumPy-like) and return a copy of it.
+
+    Args:
+        t: the tensor to print.
+        title: the printed title (default: the tensor's name).
+        print_self: print `t` in the forward pass.
+        print_gradient: print the gradient of `t` when the graph is differentiated (titled
+            `<title>_gradient`).
+        summarise_threshold, edge_items, max_line_width, digits, float_format, separator,
+        open_bracket, close_bracket: formatting, as NumPy's `array2string`; `float_format` is
+            one of "auto", "fixed", "scientific", "none".
+    Returns:
+        A pass-through copy of `t` named `print_out`.
+    """
+    check_tensor(t, "print_tensor", "t")
+    if float_format not in _FLOAT_FORMATS:
+        raise ValueError(f"print_tensor: float_format must be one of {_FLOAT_FORMATS}, got "
+                         f"{float_format!r}")
+    for arg, v in (("summarise_threshold", summarise_threshold), ("edge_items", edge_items),
+                   ("max_line_width", max_line_width), ("digits", digits)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"print_tensor: '{arg}' must be a non-negative int, got {v!r}")
+    attrs = {"title": t.name if title is None else str(title), "print_self": bool(print_self),
+             "print_gradient": bool(print_gradient),
+             "fmt": {"summarise_threshold": summarise_threshold, "edge_items": edge_items,
+                     "max_line_width": max_line_width, "digits": digits,
+                     "float_format": float_format, "separator": separator,
+                     "open_bracket": open_bracket, "close_bracket": close_bracket}}
+    return add_op("PrintTensor", "print_tensor", [t],
+                  [Out("print_out", t.shape, t.dtype, t.meta_shape)], attrs)[0]
+
+
+def ipu_copy(t: Tensor, destination: int, source: Optional[int] = None) -> Tensor:
+    """Copy `t` to IPU `destination` (numerically an identity; no gradient upstream).
+
+    `source` defaults to the IPU of `t`'s producer; the output is named `<name>_c<destination>`.
+    """
+    check_tensor(t, "ipu_copy", "t")
+    if not isinstance(destination, int) or destination < 0:
+        raise ValueError(f"ipu_copy: destination must be a non-negative int, got {destination!r}")
+    if source is None:
+        try:
+            source = t.ipu
+        except UndefinedValue:
+            raise ValueError(f"ipu_copy: could not infer the source IPU of tensor '{t.id}'. "
+                             f"Please pass `source`") from None
+    elif not isinstance(source, int) or source < 0:
+        raise ValueError(f"ipu_copy: source must be a non-negative int, got {source!r}")
+    with context.ipu(destination):
+        return add_op("IpuCopy", "ipu_copy", [t],
+                      [Out(f"{t.name}_c{destination}", t.shape, t.dtype, t.meta_shape)],
+                      {"source": source, "destination": destination})[0]
+
+
+def io_tile_copy(t: Tensor) -> Tensor:
+    """Copy `t` between the compute and IO tile sets (numerically an identity; no gradient)."""
+    check_tensor(t, "io_tile_copy", "t")
+    return add_op("IoTileCopy", "io_tile_copy", [t],
+                  [Out("io_tile_copy_out", t.shape, t.dtype, t.meta_shape)])[0]
+
+
+def remote_code_load(graph: Graph, destination: str = "executable") -> None:
+    """Load `graph`'s code from streaming memory: a no-op in the emulator (all code is resident).
+
+    Only `destination="executable"` is supported (as upstream); loading the current graph
+    raises `ValueError`.
+    """
+    if not isinstance(graph, Graph):
+        raise TypeError(f"remote_code_load: 'graph' must be a popxl.Graph, got "
+                        f"{type(graph).__name__}")
+    if destination != "executable":
+        raise NotImplementedError(f"remote_code_load: destination {destination!r} is not "
+                                  f"supported, only 'executable'")
+    if graph is context.gcg() or graph.id == context.gcg().id:
+        raise ValueError(f"remote_code_load: cannot load the code of graph '{graph.id}' from "
+                         f"inside itself")
+    add_op("RemoteCodeLoad", "remote_code_load", [], [],
+           {"graph": graph.id, "destination": destination})
+
+
+def code_copy(*args, **kwargs):
+    """Upstream stub: always raises."""
+    raise NotImplementedError("code_copy is not implemented upstream (use remote_code_load)")

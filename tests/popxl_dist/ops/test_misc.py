@@ -1,0 +1,105 @@
+"""print_tensor, ipu_copy, io_tile_copy, remote_code_load, code_copy."""
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+from popxl.ops import misc
+
+from harness import grads, run_ops
+
+
+def test_print_tensor_prints_at_run_time_and_passes_through(capsys):
+    x = np.array([[1.5, -2.0], [0.25, 4.0]], np.float32)
+    y, = run_ops(lambda t: ops.print_tensor(t, "my title") * 2.0, x)
+    np.testing.assert_array_equal(y, 2 * x)
+    out = capsys.readouterr().out
+    assert out == f"my title: {np.array2string(x)}\n"
+
+
+def test_print_tensor_options_and_default_title(capsys):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.arange(3, dtype=np.float32), popxl.float32, "vals")
+        p = ops.print_tensor(v, float_format="fixed", digits=2, separator=", ",
+                             open_bracket="{", close_bracket="}")
+        q = ops.print_tensor(v, print_self=False)
+        assert p.name == "print_out" and ir.main_graph._data.ops[-1].type == "PrintTensor"
+    with popxl.Session(ir, "ipu_hw") as s:
+        capsys.readouterr()
+        s.run()
+    assert capsys.readouterr().out == "vals: {0.00, 1.00, 2.00}\n"
+
+
+@pytest.mark.parametrize("print_gradient", [False, True])
+def test_print_tensor_gradient(capsys, print_gradient):
+    x = np.array([1.0, 2.0])
+    dy = np.array([0.5, -1.0])
+    _, (dx,) = grads(lambda t: ops.print_tensor(t, "x", print_self=False,
+                                                print_gradient=print_gradient) * 3.0, [x], [dy])
+    np.testing.assert_array_equal(dx, 3 * dy)
+    out = capsys.readouterr().out
+    assert out == (f"x_gradient: {np.array2string(3 * dy)}\n" if print_gradient else "")
+
+
+def test_ipu_copy_is_identity_named_and_placed():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        with popxl.ipu(0):
+            x = popxl.variable(np.ones((2,)), popxl.float32, "x")
+            h = x + 1.0
+        c = ops.ipu_copy(h, 1)
+        d = h.copy_to_ipu(1, 0)
+        op = ir.main_graph._data.ops[-2]
+    assert op.type == "IpuCopy" and op.attrs["source"] == 0 and op.attrs["destination"] == 1
+    assert c.name == f"{h.name}_c1" and c.ipu == 1
+    x = np.array([1.0, -2.0], np.float32)
+    y, = run_ops(lambda t: ops.ipu_copy(t, 1) * 2.0, x)
+    np.testing.assert_array_equal(y, 2 * x)
+    with pytest.raises(ValueError, match="destination"):
+        with ir.main_graph:
+            ops.ipu_copy(h, -1)
+
+
+def test_io_tile_copy_is_identity():
+    x = np.array([3.0, 4.0], np.float32)
+    y, z = run_ops(lambda t: (ops.io_tile_copy(t), t), x)
+    np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize("build", [lambda t: ops.ipu_copy(t, 1), lambda t: ops.io_tile_copy(t)])
+def test_copies_stop_the_gradient(build):
+    _, (dx,) = grads(lambda t: build(t) + t, [np.array([1.0, 2.0])], [np.array([1.0, 1.0])])
+    np.testing.assert_array_equal(dx, [1.0, 1.0])
+
+
+def test_remote_code_load_is_a_no_op_and_checks_args():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(lambda t: t + 1.0, popxl.TensorSpec((2,), popxl.float32))
+        ops.remote_code_load(g, "executable")
+        assert ir.main_graph._data.ops[-1].type == "RemoteCodeLoad"
+        x = popxl.variable(np.zeros(2), popxl.float32, "x")
+        y, = ops.call(g, x)
+        with pytest.raises(NotImplementedError, match="destination"):
+            ops.remote_code_load(g, "buffer")
+        with pytest.raises(TypeError, match="popxl.Graph"):
+            ops.remote_code_load("g")
+    with g:
+        with pytest.raises(ValueError, match="inside itself"):
+            ops.remote_code_load(g)
+    with pytest.raises(NotImplementedError):
+        misc.code_copy(g)
+    assert "code_copy" not in ops.__all__
+    with popxl.Session(ir, "ipu_hw") as s:
+        s.run()
+
+
+def test_print_tensor_errors():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.zeros(2), popxl.float32, "x")
+        with pytest.raises(ValueError, match="float_format"):
+            ops.print_tensor(x, float_format="hex")
+        with pytest.raises(TypeError, match="popxl.Tensor"):
+            ops.print_tensor(np.zeros(2))
