@@ -306,10 +306,11 @@ class _AliasPlan:
                 for i in writes:
                     mods.append((pos, op.inputs[i]))
                 continue
-            if spec.modifies:
-                for i in spec.modifies:
+            written = spec.modified_inputs(op) if spec.modifies else ()
+            if written:
+                for i in written:
                     mods.append((pos, op.inputs[i]))
-                if op.outputs:
+                if op.outputs and spec.returns_input:
                     parent[op.outputs[0]] = op.inputs[0]
             elif spec.alias and op.outputs:
                 parent[op.outputs[0]] = op.inputs[0]

@@ -95,7 +95,7 @@ class GradGraphInfo:
 
 def _modifying(op: Op) -> bool:
     spec = KERNELS.get(op.type)
-    if spec is not None and spec.modifies:
+    if spec is not None and spec.modifies and spec.modified_inputs(op):
         return True
     if op.type in ("Call", "Loop") and op.attrs.get("modified"):
         return True

@@ -15,7 +15,7 @@ the compiler copies if the program writes to it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Tuple, Union
 
 __all__ = ["KernelSpec", "KERNELS", "kernel", "CONTROL_FLOW_TYPES"]
 
@@ -24,12 +24,20 @@ __all__ = ["KernelSpec", "KERNELS", "kernel", "CONTROL_FLOW_TYPES"]
 class KernelSpec:
     op_type: str
     factory: Callable
-    modifies: Tuple[int, ...] = ()
+    # input indices written in place, or `fn(attrs, n_inputs) -> indices` when it depends on
+    # the op (e.g. the optimiser updaters' optional step input)
+    modifies: Union[Tuple[int, ...], Callable] = ()
     view: bool = False
     alias: bool = False
     context: bool = False
     collective: bool = False
     external: bool = False
+    returns_input: bool = True   # a modifying op's output 0 is its (modified) input 0
+
+    def modified_inputs(self, op) -> Tuple[int, ...]:
+        m = self.modifies(op.attrs, len(op.inputs)) if callable(self.modifies) else self.modifies
+        n = len(op.inputs)
+        return tuple(i % n for i in m) if n else ()
 
 
 KERNELS: Dict[str, KernelSpec] = {}
@@ -38,16 +46,17 @@ KERNELS: Dict[str, KernelSpec] = {}
 CONTROL_FLOW_TYPES = frozenset({"Call", "Loop", "If"})
 
 
-def kernel(op_type: str, *, modifies: Tuple[int, ...] = (), view: bool = False,
+def kernel(op_type: str, *, modifies: Union[Tuple[int, ...], Callable] = (), view: bool = False,
            alias: bool = False, context: bool = False, collective: bool = False,
-           external: bool = False):
+           external: bool = False, returns_input: bool = True):
     """Register the decorated factory as the kernel of `op_type` (duplicates are refused)."""
 
     def deco(factory: Callable) -> Callable:
         if op_type in KERNELS:
             raise ValueError(f"kernel for op type '{op_type}' is already registered")
-        KERNELS[op_type] = KernelSpec(op_type, factory, tuple(modifies), view, alias, context,
-                                      collective, external)
+        KERNELS[op_type] = KernelSpec(op_type, factory,
+                                      modifies if callable(modifies) else tuple(modifies), view,
+                                      alias, context, collective, external, returns_input)
         return factory
 
     return deco

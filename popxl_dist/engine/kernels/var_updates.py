@@ -182,10 +182,14 @@ def _updater_factory(attrs, ins, outs):
     return run
 
 
-# The step, when given, is the last input and is incremented in place (modifies=(-1,)). Without
-# a step the last input is conservatively treated as written, which only costs a copy.
+def _step_written(attrs, n_inputs):
+    """The step, when given, is the last input and is incremented in place."""
+    return (n_inputs - 1,) if attrs.get("has_step") else ()
+
+
+# The updaters return a new array (the update), not their input.
 for _t in ("AdamUpdater", "LambUpdater", "AdaMaxUpdater"):
-    kernel(_t, modifies=(-1,))(_updater_factory)
+    kernel(_t, modifies=_step_written, returns_input=False)(_updater_factory)
 
 
 @kernel("AdamVarUpdate", modifies=(0,))
