@@ -7,7 +7,9 @@ from typing import Iterator, Tuple
 
 import numpy as np
 
-MNIST_DIR = os.environ.get("POPXL_MNIST_DIR", "/work/shared/data/mnist")
+from popxl_launch.data import PACKAGED_MNIST
+
+MNIST_DIR = os.environ.get("POPXL_MNIST_DIR", str(PACKAGED_MNIST))
 MEAN, STD = 0.1307, 0.3081
 
 
