@@ -5,7 +5,7 @@ import contextlib
 import logging
 import re
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import numpy as np
 

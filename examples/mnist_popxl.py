@@ -8,7 +8,7 @@ Data: the offline MNIST copy packaged with popxl-dist (no download).
     python examples/mnist_popxl.py --epochs 1 --batch-size 8
 """
 import argparse
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, List, Mapping
 
 import numpy as np
 from tqdm import tqdm

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Tuple
 
 from .tensor import Tensor, TensorByRef, TensorSpec, graph_input, graph_output
 

@@ -1,12 +1,10 @@
 """Public `Ir`: the whole program, its graphs and its replication settings."""
 from __future__ import annotations
 
-import inspect
 import itertools
-import typing
 from typing import Any, Callable, Dict, List, Optional, Set, Union
 
-from ._ir.records import GraphData, IrData, TensorKind
+from ._ir.records import GraphData, IrData
 from .graph import Graph
 
 __all__ = ["Ir"]

@@ -6,11 +6,10 @@ from typing import Dict, Iterable, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
-from . import dtypes
 from ._ir.records import TensorKind
 from .runtime import create_runtime
 from .streams import DeviceToHostStream, HostToDeviceStream
-from .tensor import Constant, Tensor, Variable
+from .tensor import Constant, Variable
 from .utils import _DOWNCAST, to_numpy
 
 __all__ = ["Session"]

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import dtypes
 from ._ir.records import TensorInfo, TensorKind
-from .context import get_current_context, gcg
+from .context import gcg
 from .errors import UndefinedValue
 from .utils import to_numpy
 

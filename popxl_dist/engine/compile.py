@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -321,7 +321,6 @@ class _AliasPlan:
                 view_edge[op.outputs[0]] = pos
         self.last_use = last_use
 
-        inf = len(ops) + 1
         infinite_reads: Set[str] = set(output_ids)
         for t in input_ids:
             if t in gd.by_ref_inputs:

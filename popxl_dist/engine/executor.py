@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._ir.records import IrData, TensorKind
+from .._ir.records import IrData
 from .compile import Program, explain_error
 
 __all__ = ["ReplicaContext", "Worker", "group_layout"]

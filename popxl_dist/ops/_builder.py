@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,8 +20,6 @@ from ..tensor import Tensor, constant
 __all__ = ["Out", "add_op", "check_tensor", "check_in_graph", "check_same_dtype",
            "broadcast_shape", "normalize_axes", "as_tensor_like", "debug_location"]
 
-_PKG_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d
-                  for d in ("",))
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LIB_DIRS = (os.path.join(_ROOT, "popxl_dist") + os.sep, os.path.join(_ROOT, "addons") + os.sep)
 

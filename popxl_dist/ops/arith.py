@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Union
 
 from .. import dtypes
-from ..tensor import Tensor, constant
+from ..tensor import Tensor
 from ._builder import Out, add_op, broadcast_shape, check_same_dtype, check_tensor, meta_of
 
 __all__ = ["add", "add_", "sub", "mul", "div", "negate", "scaled_add", "scaled_add_"]

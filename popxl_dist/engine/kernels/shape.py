@@ -86,7 +86,6 @@ def _gather_factory(attrs, ins, outs):
     axis = int(attrs["axis"])
     groups = int(attrs.get("group_size", 1))
     zero_oor = bool(attrs.get("zero_OOR", False))
-    rank = len(ins[0].shape)
     dim = ins[0].shape[axis]
 
     def take(x, idx, ax):
