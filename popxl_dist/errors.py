@@ -1,6 +1,7 @@
 """Exceptions of the popxl API."""
 
-__all__ = ["UndefinedValue", "EngineError"]
+__all__ = ["UndefinedValue", "EngineError", "WorkerError", "WorkerDied", "CollectiveTimeout",
+           "RunAborted"]
 
 
 class UndefinedValue(ValueError):
@@ -9,3 +10,19 @@ class UndefinedValue(ValueError):
 
 class EngineError(RuntimeError):
     """An op failed while the emulator executed it; the message names the op and where it was built."""
+
+
+class WorkerError(EngineError):
+    """A worker (thread, MPI rank or Ray actor) failed; the message names its replicas and the op."""
+
+
+class WorkerDied(WorkerError):
+    """A worker process died; the pool that held it cannot be used again."""
+
+
+class CollectiveTimeout(EngineError):
+    """A collective waited longer than `POPXL_COLLECTIVE_TIMEOUT` seconds for its peers."""
+
+
+class RunAborted(RuntimeError):
+    """This worker's run was stopped because another worker failed (internal)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Dict, Iterable, Mapping, Optional, Set, Tuple
 
 import numpy as np
@@ -62,6 +63,7 @@ class Session:
             t: (i.data if isinstance(i.data, np.memmap) else np.array(i.data, copy=True))
             for t, i in self._variables.items()}
         self._runtime = create_runtime(data)
+        weakref.finalize(self, self._runtime.close)
         _announce(device_desc, self._runtime.name, data.replication_factor,
                   self._runtime.num_workers)
         self._h2d = [ir._streams[s] for s in self._runtime.h2d_streams]

@@ -21,7 +21,7 @@ from ..errors import EngineError
 from .kernels import load_all
 from .kernels.registry import CONTROL_FLOW_TYPES, KERNELS, KernelSpec
 
-__all__ = ["Program", "CompiledGraph", "CompileEnv"]
+__all__ = ["Program", "CompiledGraph", "CompileEnv", "CollectiveStep", "stream_slots"]
 
 _CODE_IDS = itertools.count()
 _FILENAME_PREFIX = "<popxl-graph "
@@ -44,8 +44,36 @@ class CompileEnv:
         return self._program.ir
 
 
+def stream_slots(ir: IrData) -> Tuple[List[str], List[str]]:
+    """The host-to-device and device-to-host stream ids the program uses, in slot order."""
+    h2d: List[str] = []
+    d2h: List[str] = []
+    for gd in ir.graphs.values():
+        for op in gd.ops:
+            if op.type == "HostLoad" and op.attrs["stream"] not in h2d:
+                h2d.append(op.attrs["stream"])
+            if op.type == "HostStore" and op.attrs["stream"] not in d2h:
+                d2h.append(op.attrs["stream"])
+    return h2d, d2h
+
+
+class CollectiveStep:
+    """A collective op as the executor sees it: graphs that contain collectives compile to
+    generators that `yield (step, inputs)`; the executor gathers every local replica's inputs and
+    calls `step.fn(comm, per_replica_inputs) -> per_replica_outputs`."""
+
+    __slots__ = ("fn", "op", "tag")
+
+    def __init__(self, fn: Callable, op: Op):
+        self.fn = fn
+        self.op = op
+        self.tag = int(op.id) % 32768
+
+
 class CompiledGraph:
-    """One graph compiled: `run(ctx, *inputs) -> tuple(outputs)` plus its aliasing summary."""
+    """One graph compiled: `run(ctx, *inputs) -> tuple(outputs)` plus its aliasing summary.
+
+    With `has_collectives`, `run` is a generator function (see `CollectiveStep`)."""
 
     def __init__(self, gid: str, run: Callable, modified_inputs: Set[int],
                  has_collectives: bool, ops: List[Op], line_to_op: Dict[int, Op], filename: str,
@@ -73,14 +101,7 @@ class Program:
                          for o in op.outputs]
         self.state_ids += [o for o in fragment_outs if o not in self.state_ids]
         self.state_index = {t: i for i, t in enumerate(self.state_ids)}
-        self.h2d_streams: List[str] = []
-        self.d2h_streams: List[str] = []
-        for gd in ir.graphs.values():
-            for op in gd.ops:
-                if op.type == "HostLoad" and op.attrs["stream"] not in self.h2d_streams:
-                    self.h2d_streams.append(op.attrs["stream"])
-                if op.type == "HostStore" and op.attrs["stream"] not in self.d2h_streams:
-                    self.d2h_streams.append(op.attrs["stream"])
+        self.h2d_streams, self.d2h_streams = stream_slots(ir)
         self.env = CompileEnv(self)
         self._graphs: Dict[str, CompiledGraph] = {}
         self._by_filename: Dict[str, CompiledGraph] = {}
@@ -125,6 +146,15 @@ class Program:
             raise NotImplementedError(
                 f"No kernel is registered for op type '{op.type}' ({op.describe()})")
         return spec
+
+    def _ops_have_collectives(self, ops: List[Op]) -> bool:
+        for op in ops:
+            if op.type in CONTROL_FLOW_TYPES:
+                if any(self.graph(c).has_collectives for c in op.called):
+                    return True
+            elif self._spec(op).collective:
+                return True
+        return False
 
     def _callee_effects(self, op: Op) -> Tuple[Set[int], Set[int], bool]:
         """For a control-flow op: (op input indices written back to the parent, input indices
@@ -188,7 +218,7 @@ class Program:
                 copy = ".copy()" if t in plan.copy_constants else ""
                 lines.append(f"    {name_of(t)} = {cname}{copy}")
         last_use = plan.last_use
-        has_collectives = False
+        has_collectives = self._ops_have_collectives(ops)
         for pos, op in enumerate(ops):
             spec = self._spec(op)
             ins = [name_of(t) for t in op.inputs]
@@ -196,12 +226,20 @@ class Program:
             kname = f"K{pos}"
             if spec is None:
                 writes, copies, coll = self._callee_effects(op)
-                has_collectives = has_collectives or coll
                 call_args = [f"{a}.copy()" if i in copies else a for i, a in enumerate(ins)]
                 glob[kname] = self._control_flow_fn(op)
                 call = f"{kname}(ctx{''.join(', ' + a for a in call_args)})"
+                if coll:
+                    call = f"(yield from {call})"
+            elif spec.collective:
+                try:
+                    fn = spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
+                                      [gd.tensors[t] for t in op.outputs])
+                except (NotImplementedError, ValueError, TypeError) as e:
+                    raise type(e)(f"{op.describe()}: {e}") from e
+                glob[kname] = CollectiveStep(fn, op)
+                call = f"(yield ({kname}, ({''.join(a + ', ' for a in ins)})))"
             else:
-                has_collectives = has_collectives or spec.collective
                 try:
                     fn = (spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
                                        [gd.tensors[t] for t in op.outputs], self.env)
@@ -250,7 +288,8 @@ class Program:
         if op.type == "Call":
             return self.graph(op.called[0]).run
         if op.type == "Loop":
-            body = self.graph(op.called[0]).run
+            body_cg = self.graph(op.called[0])
+            body = body_cg.run
             trips = int(op.attrs["trip_count"])
             k = len(op.outputs)
             iters = [np.array(i, dtype=np.int32) for i in range(trips)]
@@ -263,10 +302,17 @@ class Program:
                     args[:k] = res[1:]
                 return tuple(a.copy() if trips == 0 else a for a in args[:k])
 
-            return loop
+            def loop_gen(ctx, *args):
+                args = list(args)
+                for it in iters:
+                    res = yield from body(ctx, it, cond, *args)
+                    args[:k] = res[1:]
+                return tuple(a.copy() if trips == 0 else a for a in args[:k])
+
+            return loop_gen if body_cg.has_collectives else loop
         if op.type == "If":
-            then_fn = self.graph(op.called[0]).run
-            else_fn = self.graph(op.called[1]).run
+            then_cg, else_cg = self.graph(op.called[0]), self.graph(op.called[1])
+            then_fn, else_fn = then_cg.run, else_cg.run
             t_idx = list(op.attrs["then_inputs"])
             e_idx = list(op.attrs["else_inputs"])
 
@@ -275,7 +321,14 @@ class Program:
                     return then_fn(ctx, *[args[i - 1] for i in t_idx])
                 return else_fn(ctx, *[args[i - 1] for i in e_idx])
 
-            return cond_fn
+            def cond_gen(ctx, cond, *args):
+                if bool(cond):
+                    res = then_fn(ctx, *[args[i - 1] for i in t_idx])
+                    return (yield from res) if then_cg.has_collectives else res
+                res = else_fn(ctx, *[args[i - 1] for i in e_idx])
+                return (yield from res) if else_cg.has_collectives else res
+
+            return cond_gen if then_cg.has_collectives or else_cg.has_collectives else cond_fn
         raise AssertionError(op.type)
 
 

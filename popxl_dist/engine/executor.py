@@ -11,7 +11,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .._ir.records import IrData
-from .compile import Program, explain_error
+from ..errors import EngineError, RunAborted, WorkerError
+from .comm import Communicator, Layout
+from .compile import CollectiveStep, Program, explain_error
 
 __all__ = ["ReplicaContext", "Worker", "group_layout"]
 
@@ -53,12 +55,18 @@ def group_layout(info, replication_factor: int) -> Tuple[object, int]:
 
 
 class Worker:
-    """Runs the compiled program on replicas `replicas` (global indices, contiguous)."""
+    """Runs the compiled program on the replicas its communicator holds (a contiguous block).
 
-    def __init__(self, ir: IrData, replicas: Sequence[int]):
+    Without collectives each replica runs the graph in turn. Graphs with collectives compile to
+    generators and the replicas run in lockstep: each runs up to its next collective, then the
+    communicator combines every local replica's inputs (and other workers') in one step.
+    """
+
+    def __init__(self, ir: IrData, comm: Optional[Communicator] = None):
         self.ir = ir
         self.program = Program(ir)
-        self.replicas = list(replicas)
+        self.comm = comm or Communicator(Layout(ir.replication_factor, 1), 0)
+        self.replicas = list(self.comm.replicas)
         p = self.program
         self.ctxs = [ReplicaContext(r, len(p.state_ids), len(p.h2d_streams), len(p.d2h_streams))
                      for r in self.replicas]
@@ -86,6 +94,13 @@ class Worker:
         idx = self.program.state_index
         return {t: [ctx.state[idx[t]].copy() for ctx in self.ctxs] for t in tids}
 
+    def read_replicas(self, wanted: Dict[str, Sequence[int]]) -> Dict[str, Dict[int, np.ndarray]]:
+        """`{tid: {replica: value}}` for the (local, global-index) replicas asked for (copies)."""
+        idx = self.program.state_index
+        first = self.replicas[0]
+        return {t: {r: self.ctxs[r - first].state[idx[t]].copy() for r in rs}
+                for t, rs in wanted.items()}
+
     def run_fragment(self, which: str) -> None:
         cg = getattr(self.program, which)
         if cg.ops:
@@ -108,17 +123,71 @@ class Worker:
         self._execute(self.program.main)
 
     def _execute(self, cg) -> None:
-        try:
-            if self._single:
-                cg.run(self.ctxs[0])
-            elif cg.has_collectives:
-                raise NotImplementedError(
-                    "Collectives across replicas are not implemented yet (replication issue)")
-            else:
-                for ctx in self.ctxs:
-                    cg.run(ctx)
-        except Exception as e:  # noqa: BLE001 - re-raised naming the op that failed
-            err = explain_error(self.program, e)
-            if err is e:
-                raise
-            raise err from e
+        if cg.has_collectives:
+            self._lockstep(cg)
+            return
+        for ctx in self.ctxs:
+            try:
+                cg.run(ctx)
+            except Exception as e:  # noqa: BLE001 - re-raised naming the replica and op
+                err = self._explain(e, ctx.replica)
+                if err is e:
+                    raise
+                raise err from e
+
+    def _explain(self, exc: BaseException, replica: int) -> BaseException:
+        """An EngineError naming the op (and the replica when there are several)."""
+        err = explain_error(self.program, exc)
+        if self.ir.replication_factor > 1:
+            op = getattr(err, "op", None)
+            text = str(err) if err is not exc else f"{type(exc).__name__}: {exc}"
+            err = EngineError(f"replica {replica}: {text}")
+            err.op = op
+        if err is not exc:
+            err.replica = replica
+        return err
+
+    def _lockstep(self, cg) -> None:
+        """Run every local replica's generator to its next collective, run the collective for all
+        of them at once, and repeat until all finish."""
+        gens = [cg.run(ctx) for ctx in self.ctxs]
+        sends: List[object] = [None] * len(gens)
+        comm = self.comm
+        while True:
+            steps = []
+            for ctx, gen, value in zip(self.ctxs, gens, sends):
+                try:
+                    steps.append(gen.send(value))
+                except StopIteration:
+                    steps.append(None)
+                except Exception as e:  # noqa: BLE001
+                    err = self._explain(e, ctx.replica)
+                    if err is e:
+                        raise
+                    raise err from e
+            first = steps[0]
+            if first is None and all(s is None for s in steps):
+                return
+            step: CollectiveStep = first[0] if first is not None else None
+            for ctx, s in zip(self.ctxs, steps):
+                if s is None or s[0] is not step:
+                    raise EngineError(self._divergence(steps))
+            comm.tag = step.tag
+            try:
+                sends = step.fn(comm, [s[1] for s in steps])
+            except (WorkerError, RunAborted):
+                raise                            # another worker's failure, already described
+            except Exception as e:  # noqa: BLE001
+                err = EngineError(f"{step.op.describe()} failed on replicas "
+                                  f"{self.replicas[0]}..{self.replicas[-1]}: "
+                                  f"{type(e).__name__}: {e}")
+                err.op = step.op
+                raise err from e
+
+    def _divergence(self, steps) -> str:
+        where = []
+        for ctx, s in zip(self.ctxs, steps):
+            where.append(f"replica {ctx.replica}: "
+                         + ("finished" if s is None else f"at {s[0].op.describe()}"))
+        return ("replicas diverged: they must run the same collectives in the same order ("
+                + "; ".join(where) + ")")

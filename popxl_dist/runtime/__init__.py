@@ -10,11 +10,24 @@ __all__ = ["create_runtime", "Runtime"]
 
 
 def create_runtime(ir: IrData) -> Runtime:
+    """The runtime of `POPXL_BACKEND` for this Ir, on the process-wide pool of that backend."""
     name = backend_name()
     if name == "local":
-        from .local import LocalRuntime
+        workers = worker_count(default=1)
+        if workers == 1 or ir.replication_factor == 1:
+            from .local import LocalRuntime
 
-        return LocalRuntime(ir, worker_count(default=1))
-    raise NotImplementedError(
-        f"POPXL_BACKEND={name!r}: the '{name}' backend is not implemented yet; only 'local' is "
-        f"available in this version")
+            return LocalRuntime(ir)
+        from .pool import PoolRuntime
+        from .threads import thread_pool
+
+        return PoolRuntime(ir, thread_pool(workers))
+    if name == "mpi":
+        from .mpi import mpi_pool
+        from .pool import PoolRuntime
+
+        return PoolRuntime(ir, mpi_pool())
+    from .pool import PoolRuntime
+    from .ray_backend import ray_pool
+
+    return PoolRuntime(ir, ray_pool(worker_count(default=2)))

@@ -56,3 +56,6 @@ class Runtime:
 
     def write_variables(self, values: Dict[str, np.ndarray]) -> None:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Free the workers' copy of this program (called when the Session is collected)."""

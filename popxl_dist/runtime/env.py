@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["backend_name", "worker_count", "BACKENDS"]
+__all__ = ["backend_name", "worker_count", "collective_timeout", "ray_address", "BACKENDS"]
 
 BACKENDS = ("local", "mpi", "ray")
 
@@ -26,3 +26,21 @@ def worker_count(default: int = 1) -> int:
     if n < 1:
         raise ValueError(f"POPXL_WORKERS must be a positive int, got {n}")
     return n
+
+
+def collective_timeout() -> float:
+    """Seconds a collective waits for its peers before failing (`POPXL_COLLECTIVE_TIMEOUT`)."""
+    value = os.environ.get("POPXL_COLLECTIVE_TIMEOUT", "").strip()
+    try:
+        t = float(value) if value else 60.0
+    except ValueError:
+        raise ValueError(f"POPXL_COLLECTIVE_TIMEOUT must be a number of seconds, got "
+                         f"{value!r}") from None
+    if t <= 0:
+        raise ValueError(f"POPXL_COLLECTIVE_TIMEOUT must be positive, got {t}")
+    return t
+
+
+def ray_address() -> str:
+    """The Ray cluster to join (`POPXL_RAY_ADDRESS`); empty means start a local Ray."""
+    return os.environ.get("POPXL_RAY_ADDRESS", "").strip()

@@ -1,4 +1,5 @@
-"""The `local` backend: every replica in the calling process (the debug mode: pdb works)."""
+"""The `local` backend with one worker: every replica in the calling thread (the debug mode: pdb
+works). With POPXL_WORKERS > 1 the local backend uses worker threads instead (`threads.py`)."""
 from __future__ import annotations
 
 from typing import Dict, Sequence
@@ -15,10 +16,10 @@ __all__ = ["LocalRuntime"]
 class LocalRuntime(Runtime):
     name = "local"
 
-    def __init__(self, ir: IrData, workers: int = 1):
+    def __init__(self, ir: IrData):
         super().__init__(ir)
         self.num_workers = 1
-        self.worker = Worker(ir, range(ir.replication_factor))
+        self.worker = Worker(ir)
         self.h2d_streams = self.worker.program.h2d_streams
         self.d2h_streams = self.worker.program.d2h_streams
 

@@ -1,0 +1,99 @@
+"""`popxl-run [--backend local|mpi|ray] [--workers W] script.py [args...]`
+
+Runs an unchanged PopXL script with its replicas placed by the chosen backend: it sets
+`POPXL_BACKEND` / `POPXL_WORKERS` and runs the script (under `mpiexec -n W` for mpi). The exit
+code is the script's. (Config-driven jobs, `popxl-run configs/x.yaml`, are a later issue.)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import List, Optional
+
+__all__ = ["main", "find_mpiexec"]
+
+BACKENDS = ("local", "mpi", "ray")
+
+
+def find_mpiexec() -> str:
+    """The `mpiexec` beside this Python (the mpich wheel installs it there), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(here):
+        return here
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise FileNotFoundError("popxl-run --backend mpi needs `mpiexec`: pip install mpich "
+                                "mpi4py (or `pip install 'popxl-dist[mpi]'`)")
+    return found
+
+
+def _run_mpi(workers: int, target: str, args: List[str]) -> int:
+    """`mpiexec -n W` over the MPI entry point. Hydra stops forwarding output once a rank dies, so
+    rank 0 (the host script) writes straight to our stdout/stderr through inherited descriptors,
+    and reports the script's exit code through a file (mpiexec's own code reflects the dead
+    rank)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fds = (os.dup(1), os.dup(2))
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    with tempfile.TemporaryDirectory(prefix="popxl-run-") as tmp:
+        exit_file = os.path.join(tmp, "exit_code")
+        env = dict(os.environ, POPXL_HOST_STDIO=f"{fds[0]},{fds[1]}", POPXL_EXIT_FILE=exit_file)
+        cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(workers), sys.executable,
+               "-m", "popxl_launch.mpi_main", target, *args]
+        try:
+            code = subprocess.call(cmd, env=env, pass_fds=fds)
+        except KeyboardInterrupt:
+            code = 130
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            with open(exit_file) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="popxl-run",
+        description="Run a PopXL script with its replicas on local threads, MPI ranks or Ray "
+                    "actors.")
+    p.add_argument("--backend", choices=BACKENDS,
+                   default=os.environ.get("POPXL_BACKEND", "local") or "local",
+                   help="where replicas run (default: $POPXL_BACKEND or local)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="number of workers (processes / actors / threads); default 1 for local, "
+                        "2 for mpi and ray")
+    p.add_argument("target", help="the Python script to run unchanged")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ns = _parser().parse_args(argv)
+    if ns.target.endswith((".yaml", ".yml")):
+        print("popxl-run: config-driven jobs are not implemented yet; pass a Python script",
+              file=sys.stderr)
+        return 2
+    workers = ns.workers if ns.workers is not None else (1 if ns.backend == "local" else 2)
+    if workers < 1:
+        print(f"popxl-run: --workers must be >= 1, got {workers}", file=sys.stderr)
+        return 2
+    os.environ["POPXL_BACKEND"] = ns.backend
+    os.environ["POPXL_WORKERS"] = str(workers)
+    if ns.backend == "mpi":
+        return _run_mpi(workers, ns.target, ns.args)
+    from .scripts import run_script
+
+    return run_script(ns.target, ns.args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

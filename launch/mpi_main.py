@@ -1,0 +1,62 @@
+"""MPI entry point (`mpiexec -n W python -m popxl_launch.mpi_main script.py args...`, which
+`popxl-run --backend mpi` runs): rank 0 runs the script as the host, the other ranks serve."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def _use_host_stdio() -> None:
+    """Write to popxl-run's own stdout/stderr (see `popxl_launch.cli._run_mpi`)."""
+    fds = os.environ.get("POPXL_HOST_STDIO", "")
+    if fds:
+        out, err = (int(x) for x in fds.split(","))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+
+
+def _report_exit(code: int) -> None:
+    path = os.environ.get("POPXL_EXIT_FILE", "")
+    if path:
+        with open(path, "w") as f:
+            f.write(str(code))
+
+
+def _ignore_exit_notices() -> None:
+    """mpiexec -disable-auto-cleanup sends SIGUSR1 when a rank exits; once the job is finishing
+    that is expected, and its default action would kill this process mid-teardown."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def main() -> int:
+    from popxl.runtime.mpi import launched_by_popxl_run, mpi_pool
+
+    launched_by_popxl_run()
+    pool = mpi_pool()
+    if pool.rank != 0:
+        pool.serve()
+        _ignore_exit_notices()
+        return 0
+    from .scripts import run_script
+
+    _use_host_stdio()
+    code = run_script(sys.argv[1], sys.argv[2:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _report_exit(code)
+    ok = pool.shutdown()
+    _ignore_exit_notices()
+    if not ok:
+        from mpi4py import MPI
+
+        print(f"popxl-run: the MPI worker pool is broken ({pool.broken}); stopping every rank",
+              file=sys.stderr, flush=True)
+        MPI.COMM_WORLD.Abort(code or 1)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

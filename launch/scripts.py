@@ -1,0 +1,42 @@
+"""Running a user's script unchanged as `__main__` (the host program), returning its exit code."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from typing import Sequence
+
+__all__ = ["run_script"]
+
+
+def run_script(path: str, args: Sequence[str]) -> int:
+    """Run `path` with `sys.argv = [path, *args]` like `python path args...`; the exit code is
+    the script's (1 for an uncaught exception, whose traceback is printed)."""
+    if not os.path.isfile(path):
+        print(f"popxl-run: no such script: {path}", file=sys.stderr)
+        return 2
+    old_argv, old_path0 = sys.argv, sys.path[0] if sys.path else None
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+        return 0
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
+    except BaseException:  # noqa: BLE001 - reported like the interpreter does
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv = old_argv
+        if old_path0 is not None and sys.path and sys.path[0] != old_path0:
+            sys.path.pop(0)

@@ -1,0 +1,355 @@
+"""Collectives between replicas: deterministic reductions over replica groups.
+
+A `Communicator` serves one worker, which holds a contiguous block of replicas (`Layout`). Kernels
+hand it one array per local replica; it combines them with the other workers' contributions
+through a `Transport` (threads, MPI ranks or Ray actors) and returns one result per local replica.
+
+Determinism: every reduction over a group of k members follows one fixed binary tree over the
+member positions 0..k-1 (`_split`), whatever the number of workers. A worker reduces the largest
+subtrees it holds entirely in memory first and sends only those partial results, so the bits of
+the result never depend on the backend or on W. float16 accumulates in float32 and rounds once.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["Layout", "Communicator", "Transport", "group_of", "index_in_group", "members",
+           "REDUCE_OPS"]
+
+
+def group_of(r: int, stride: int, group_size: int) -> int:
+    """Group index of replica `r` in the constant-stride grouping (stride, group_size)."""
+    return r % stride + stride * (r // (stride * group_size))
+
+
+def index_in_group(r: int, stride: int, group_size: int) -> int:
+    """Position of replica `r` among its group's members (ascending replica order)."""
+    return (r % (stride * group_size)) // stride
+
+
+def members(g: int, stride: int, group_size: int) -> List[int]:
+    """Replica indices of group `g`, ascending."""
+    first = (g // stride) * stride * group_size + g % stride
+    return [first + i * stride for i in range(group_size)]
+
+
+class Layout:
+    """R replicas on W workers in contiguous blocks (the first R % W workers get one more)."""
+
+    def __init__(self, replication_factor: int, workers: int):
+        self.replication_factor = replication_factor
+        self.num_workers = max(1, min(workers, replication_factor))
+        base, extra = divmod(replication_factor, self.num_workers)
+        self.blocks: List[Tuple[int, int]] = []
+        lo = 0
+        for w in range(self.num_workers):
+            hi = lo + base + (1 if w < extra else 0)
+            self.blocks.append((lo, hi))
+            lo = hi
+        self._owner = [w for w, (a, b) in enumerate(self.blocks) for _ in range(a, b)]
+
+    def worker_of(self, replica: int) -> int:
+        return self._owner[replica]
+
+    def replicas_of(self, worker: int) -> range:
+        lo, hi = self.blocks[worker]
+        return range(lo, hi)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and other.blocks == self.blocks
+
+    def __repr__(self) -> str:
+        return f"Layout(R={self.replication_factor}, blocks={self.blocks})"
+
+
+class Transport:
+    """Point-to-point exchange between workers during one collective.
+
+    `exchange(sends, recvs, tag)` sends `sends[peer]` (a 1-D array) to each peer and returns
+    `{peer: array}` received from each peer in `recvs` (`{peer: (size, dtype)}`). The peer sets are
+    symmetric by construction. Implementations time out and honour aborts instead of hanging,
+    and keep no reference to the send arrays once `exchange` returns (the caller reuses them).
+    """
+
+    def exchange(self, sends: Dict[int, np.ndarray], recvs: Dict[int, Tuple[int, np.dtype]],
+                 tag: int) -> Dict[int, np.ndarray]:
+        raise NotImplementedError
+
+
+# --- reduction arithmetic -----------------------------------------------------------------
+REDUCE_OPS = ("add", "mean", "mul", "min", "max", "and", "or", "square_add")
+_COMBINE = {"add": np.add, "mean": np.add, "square_add": np.add, "mul": np.multiply,
+            "min": np.minimum, "max": np.maximum, "and": np.logical_and, "or": np.logical_or}
+
+
+def _acc_dtype(dtype: np.dtype, op: str) -> np.dtype:
+    if op in ("and", "or"):
+        return np.dtype(bool)
+    if dtype == np.float16 and op in ("add", "mean", "square_add", "mul"):
+        return np.dtype(np.float32)
+    return dtype
+
+
+def _split(lo: int, hi: int) -> int:
+    """The fixed split point of tree node [lo, hi): the left child is the largest power of two
+    strictly below the node size."""
+    n = hi - lo
+    return lo + (1 << ((n - 1).bit_length() - 1))
+
+
+def _cover(lo: int, hi: int, a: int, b: int, out: List[Tuple[int, int]]) -> None:
+    """Append the maximal tree nodes under [lo, hi) that lie inside [a, b), left to right."""
+    if b <= lo or hi <= a:
+        return
+    if a <= lo and hi <= b:
+        out.append((lo, hi))
+        return
+    mid = _split(lo, hi)
+    _cover(lo, mid, a, b, out)
+    _cover(mid, hi, a, b, out)
+
+
+@lru_cache(maxsize=4096)
+def cover(k: int, a: int, b: int) -> Tuple[Tuple[int, int], ...]:
+    out: List[Tuple[int, int]] = []
+    _cover(0, k, a, b, out)
+    return tuple(out)
+
+
+class _Tree:
+    """Evaluates tree nodes from known partial values, combining left to right."""
+
+    def __init__(self, combine, known: Dict[Tuple[int, int], np.ndarray], owned: set):
+        self.combine = combine
+        self.known = known
+        self.owned = owned          # ids of arrays this evaluation may overwrite
+
+    def value(self, lo: int, hi: int) -> np.ndarray:
+        v = self.known.get((lo, hi))
+        if v is not None:
+            return v
+        if hi - lo <= 1:
+            raise KeyError((lo, hi))
+        mid = _split(lo, hi)
+        left, right = self.value(lo, mid), self.value(mid, hi)
+        if id(left) in self.owned:
+            out = self.combine(left, right, out=left)
+        else:
+            out = self.combine(left, right)
+            self.owned.add(id(out))
+        self.known[(lo, hi)] = out
+        return out
+
+
+class _Group:
+    """One group touched by this worker: its members and who holds which member positions."""
+
+    __slots__ = ("index", "members", "local", "peers")
+
+    def __init__(self, index: int, members_: List[int], local: Tuple[int, int],
+                 peers: Dict[int, Tuple[int, int]]):
+        self.index = index
+        self.members = members_
+        self.local = local                  # [a, b) member positions held here
+        self.peers = peers                  # other worker -> [a, b) member positions it holds
+
+
+class Communicator:
+    """The collective operations of one worker over its local replicas (see module doc)."""
+
+    def __init__(self, layout: Layout, worker: int, transport: Optional[Transport] = None):
+        self.layout = layout
+        self.worker = worker
+        self.replicas: Tuple[int, ...] = tuple(layout.replicas_of(worker))
+        self.replication_factor = layout.replication_factor
+        self.transport = transport
+        self.tag = 0               # set by the executor before each collective step
+        self._plans: Dict[Tuple[int, int], List[_Group]] = {}
+        self._pos = {r: j for j, r in enumerate(self.replicas)}
+
+    # --- planning ----------------------------------------------------------------------
+    def _plan(self, stride: int, k: int) -> List[_Group]:
+        plan = self._plans.get((stride, k))
+        if plan is None:
+            R = self.replication_factor
+            if stride < 1 or k < 1 or R % (stride * k) and not (k == 1):
+                raise ValueError(f"invalid collective grouping stride={stride}, "
+                                 f"group_size={k} for {R} replicas")
+            seen, plan = set(), []
+            for r in self.replicas:
+                g = group_of(r, stride, k)
+                if g in seen:
+                    continue
+                seen.add(g)
+                mem = members(g, stride, k)
+                by_worker: Dict[int, List[int]] = {}
+                for i, m in enumerate(mem):
+                    by_worker.setdefault(self.layout.worker_of(m), []).append(i)
+                spans = {w: (p[0], p[-1] + 1) for w, p in by_worker.items()}
+                local = spans.pop(self.worker)
+                plan.append(_Group(g, mem, local, spans))
+            plan.sort(key=lambda grp: grp.index)    # payloads are packed in group order
+            self._plans[(stride, k)] = plan
+        return plan
+
+    def _exchange(self, sends: Dict[int, List[np.ndarray]],
+                  recvs: Dict[int, List[Tuple[Tuple[int, ...], np.dtype]]]
+                  ) -> Dict[int, List[np.ndarray]]:
+        """Send each peer its list of arrays, receive the lists of known shapes back."""
+        if not recvs:
+            return {}
+        if self.transport is None:
+            raise RuntimeError("collective needs other workers but this worker has no transport")
+        packed = {p: (np.concatenate([a.reshape(-1) for a in arrs]) if len(arrs) > 1
+                      else np.ascontiguousarray(arrs[0]).reshape(-1))
+                  for p, arrs in sends.items()}
+        specs = {p: (sum(int(np.prod(s)) for s, _ in lst), lst[0][1]) for p, lst in recvs.items()}
+        got = self.transport.exchange(packed, specs, self.tag)
+        out: Dict[int, List[np.ndarray]] = {}
+        for p, lst in recvs.items():
+            flat, off, arrs = got[p], 0, []
+            for shape, _ in lst:
+                n = int(np.prod(shape))
+                arrs.append(flat[off:off + n].reshape(shape))
+                off += n
+            out[p] = arrs
+        return out
+
+    # --- reductions --------------------------------------------------------------------
+    def all_reduce(self, values: Sequence[np.ndarray], op: str, stride: int,
+                   group_size: int) -> List[np.ndarray]:
+        """The reduction over each local replica's group, one fresh array per local replica."""
+        return self._reduce(values, op, stride, group_size, chunk=None)
+
+    def reduce_scatter(self, values: Sequence[np.ndarray], op: str, stride: int,
+                       group_size: int) -> List[np.ndarray]:
+        """`values` are 1-D of length k*c; local replica at member position i gets chunk i of the
+        group's reduction."""
+        n = values[0].shape[0]
+        if n % group_size:
+            raise ValueError(f"reduce_scatter input length {n} is not a multiple of the group "
+                             f"size {group_size}")
+        return self._reduce(values, op, stride, group_size, chunk=n // group_size)
+
+    def _reduce(self, values, op, stride, k, chunk) -> List[np.ndarray]:
+        if op not in _COMBINE:
+            raise ValueError(f"unknown reduction {op!r}; expected one of {REDUCE_OPS}")
+        dtype = values[0].dtype
+        acc = _acc_dtype(dtype, op)
+        combine = _COMBINE[op]
+
+        def leaf(x: np.ndarray) -> np.ndarray:
+            if op == "square_add":
+                x = x.astype(acc) if x.dtype != acc else x
+                return np.multiply(x, x)
+            return x.astype(acc) if x.dtype != acc else x
+
+        def cols(x: np.ndarray, a: int, b: int) -> np.ndarray:
+            return x if chunk is None else x[a * chunk:b * chunk]
+
+        plan = self._plan(stride, k)
+        trees: Dict[int, _Tree] = {}
+        sends: Dict[int, List[np.ndarray]] = {}
+        recvs: Dict[int, List[Tuple[Tuple[int, ...], np.dtype]]] = {}
+        shape = values[0].shape
+        for grp in plan:
+            a, b = grp.local
+            ca, cb = (a, b) if chunk is not None else (0, 0)
+            owned: set = set()
+            known = {}
+            for i in range(a, b):
+                src = cols(values[self._pos[grp.members[i]]], ca, cb)
+                x = leaf(src)
+                if x is not src:           # a converted copy: safe to accumulate into
+                    owned.add(id(x))
+                known[(i, i + 1)] = x
+            tree = _Tree(combine, known, owned)
+            mine = cover(k, a, b)
+            partials = [tree.value(*node) for node in mine]
+            for p, (pa, pb) in sorted(grp.peers.items()):
+                if chunk is None:
+                    sends.setdefault(p, []).extend(partials)
+                    rshape = shape
+                else:
+                    # Send the peer only the columns of the chunks its members keep.
+                    full = [self._partial_cols(grp, node, known, combine, values, leaf, pa, pb,
+                                               chunk) for node in mine]
+                    sends.setdefault(p, []).extend(full)
+                    rshape = ((b - a) * chunk,)
+                for _node in cover(k, pa, pb):
+                    recvs.setdefault(p, []).append((rshape, acc))
+            trees[grp.index] = tree
+        received = self._exchange(sends, recvs)
+        cursor = {p: 0 for p in received}
+        results: List[Optional[np.ndarray]] = [None] * len(self.replicas)
+        for grp in plan:
+            tree = trees[grp.index]
+            for p, (pa, pb) in sorted(grp.peers.items()):
+                for node in cover(k, pa, pb):
+                    tree.known[node] = received[p][cursor[p]]
+                    cursor[p] += 1
+            total = tree.value(0, k)
+            if op == "mean" and np.issubdtype(acc, np.integer):
+                total = (total / k).astype(acc)     # truncates towards zero
+                tree.owned.add(id(total))
+            elif op == "mean":
+                total = np.divide(total, np.asarray(k, dtype=acc),
+                                  out=total if id(total) in tree.owned else None)
+                tree.owned.add(id(total))
+            if total.dtype != dtype:
+                total = total.astype(dtype)
+            elif id(total) not in tree.owned:      # an input or a received buffer
+                total = total.copy()
+            a, b = grp.local
+            for i in range(a, b):
+                if chunk is not None:       # disjoint views of one fresh array
+                    part = total[(i - a) * chunk:(i - a + 1) * chunk]
+                else:
+                    part = total if i == a else total.copy()
+                results[self._pos[grp.members[i]]] = part
+        return results  # type: ignore[return-value]
+
+    def _partial_cols(self, grp, node, known, combine, values, leaf, pa, pb, chunk):
+        """Partial value of `node` restricted to the chunk columns of member positions [pa, pb)."""
+        lo, hi = node
+        srcs = [values[self._pos[grp.members[i]]][pa * chunk:pb * chunk] for i in range(lo, hi)]
+        sub = {(lo + n, lo + n + 1): leaf(x) for n, x in enumerate(srcs)}
+        # A tree over the column slice: same node order, so the same bits per element.
+        fresh = {id(v) for v, x in zip(sub.values(), srcs) if v is not x}
+        tree = _Tree(combine, sub, fresh)
+        return tree.value(lo, hi)
+
+    # --- gathers -----------------------------------------------------------------------
+    def all_gather(self, values: Sequence[np.ndarray], stride: int,
+                   group_size: int) -> List[np.ndarray]:
+        """For each local replica, its group members' values stacked `(k, *shape)` in member
+        order."""
+        k = group_size
+        plan = self._plan(stride, k)
+        shape, dtype = values[0].shape, values[0].dtype
+        sends: Dict[int, List[np.ndarray]] = {}
+        recvs: Dict[int, List[Tuple[Tuple[int, ...], np.dtype]]] = {}
+        for grp in plan:
+            a, b = grp.local
+            mine = [values[self._pos[grp.members[i]]] for i in range(a, b)]
+            for p, (pa, pb) in sorted(grp.peers.items()):
+                sends.setdefault(p, []).extend(mine)
+                recvs.setdefault(p, []).extend([(shape, dtype)] * (pb - pa))
+        received = self._exchange(sends, recvs)
+        cursor = {p: 0 for p in received}
+        results: List[Optional[np.ndarray]] = [None] * len(self.replicas)
+        for grp in plan:
+            out = np.empty((k,) + shape, dtype)
+            a, b = grp.local
+            for i in range(a, b):
+                out[i] = values[self._pos[grp.members[i]]]
+            for p, (pa, pb) in sorted(grp.peers.items()):
+                for i in range(pa, pb):
+                    out[i] = received[p][cursor[p]]
+                    cursor[p] += 1
+            for n, i in enumerate(range(a, b)):
+                results[self._pos[grp.members[i]]] = out if n == 0 else out.copy()
+        return results  # type: ignore[return-value]

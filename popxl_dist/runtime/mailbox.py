@@ -1,0 +1,103 @@
+"""A message-passing transport for workers that can push arrays into each other's inbox:
+threads in one process (the local backend with several workers) and Ray actors."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Dict, Tuple
+
+import numpy as np
+
+from ..engine.comm import Transport
+from ..errors import CollectiveTimeout, RunAborted
+
+__all__ = ["Mailbox", "MailboxTransport"]
+
+
+class Mailbox:
+    """A worker's inbox: arrays keyed by (sender, run id, tag), in arrival order."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._box: Dict[Tuple[int, int, int], list] = {}
+        self._aborted: Dict[int, str] = {}       # run id -> reason
+        self._finished: Dict[int, set] = {}      # run id -> workers that finished that run
+
+    def put(self, src: int, run_id: int, tag: int, arr: np.ndarray) -> None:
+        with self._cv:
+            self._box.setdefault((src, run_id, tag), []).append(arr)
+            self._cv.notify_all()
+
+    def abort(self, run_id: int, reason: str) -> None:
+        """Make every wait of run `run_id` (and earlier) raise RunAborted."""
+        with self._cv:
+            self._aborted[run_id] = reason
+            self._cv.notify_all()
+
+    def peer_finished(self, src: int, run_id: int) -> None:
+        """Worker `src` completed run `run_id`: waiting for more of its data would hang."""
+        with self._cv:
+            self._finished.setdefault(run_id, set()).add(src)
+            self._cv.notify_all()
+
+    def start_run(self, run_id: int) -> None:
+        """Forget messages and aborts of earlier runs (late arrivals of a failed run)."""
+        with self._cv:
+            for key in [k for k in self._box if k[1] < run_id]:
+                del self._box[key]
+            for d in (self._aborted, self._finished):
+                for r in [r for r in d if r < run_id]:
+                    del d[r]
+
+    def take(self, srcs, run_id: int, tag: int, timeout: float,
+             describe: Callable[[], str]) -> Dict[int, np.ndarray]:
+        """Wait for one message from each of `srcs` for (run_id, tag) and remove them."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                if run_id in self._aborted:
+                    raise RunAborted(self._aborted[run_id])
+                if all(self._box.get((s, run_id, tag)) for s in srcs):
+                    return {s: self._pop((s, run_id, tag)) for s in srcs}
+                missing = [s for s in srcs if not self._box.get((s, run_id, tag))]
+                gone = [s for s in missing if s in self._finished.get(run_id, ())]
+                if gone:
+                    raise RuntimeError(f"{describe()}: worker(s) {gone} finished the run "
+                                       f"without joining this collective: the replicas diverged")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CollectiveTimeout(f"{describe()}: no data from worker(s) {missing} "
+                                            f"after {timeout:g} s")
+                self._cv.wait(min(left, 1.0))
+
+    def _pop(self, key) -> np.ndarray:
+        q = self._box[key]
+        arr = q.pop(0)
+        if not q:
+            del self._box[key]
+        return arr
+
+
+class MailboxTransport(Transport):
+    """`deliver(peer, src, run_id, tag, array)` pushes into the peer's Mailbox; it must copy or
+    serialise the array before returning (the communicator reuses it)."""
+
+    def __init__(self, index: int, mailbox: Mailbox, deliver: Callable, timeout: float):
+        self.index = index
+        self.mailbox = mailbox
+        self.deliver = deliver
+        self.timeout = timeout
+        self.run_id = 0
+
+    def exchange(self, sends, recvs, tag):
+        for peer, arr in sends.items():
+            self.deliver(peer, self.index, self.run_id, tag, arr)
+        got = self.mailbox.take(list(recvs), self.run_id, tag, self.timeout,
+                                lambda: f"worker {self.index}: collective (tag {tag})")
+        for p, (n, dtype) in recvs.items():
+            a = got[p]
+            if a.size != n or a.dtype != dtype:
+                raise RuntimeError(
+                    f"worker {self.index}: collective (tag {tag}) expected {n} {np.dtype(dtype)} "
+                    f"values from worker {p}, got {a.size} {a.dtype}: the replicas diverged")
+        return got

@@ -1,0 +1,332 @@
+"""The `mpi` backend: one MPI rank per worker (`popxl-run --backend mpi --workers W` is
+`mpiexec -n W`).
+
+Rank 0 runs the user's script (the host) and serves the first block of replicas itself; the other
+ranks serve commands in `serve()` for every Session the script creates. Commands and replies are
+pickled messages on one communicator; collectives exchange raw bytes point-to-point on another.
+Nobody spins while idle or waiting: every wait polls with `Iprobe`/`Test` and sleeps, checks that
+the other processes are alive, and honours aborts, so a failed or dead worker becomes an exception
+in the host script instead of a hang.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..engine.comm import Transport
+from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
+from .env import collective_timeout, worker_count
+from .pool import WorkerPool
+from .service import WorkerService
+
+__all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run"]
+
+CMD, REPLY, ABORT = 11, 12, 13
+_LIVENESS_PERIOD = 0.5
+_ABORT_GRACE = 5.0
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` (on this host) is running; zombies count as dead."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+class _Backoff:
+    """Polling without spinning: yield the CPU at once, then sleep longer the longer we wait."""
+
+    __slots__ = ("start", "n")
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.n = 0
+
+    def wait(self) -> None:
+        self.n += 1
+        if self.n < 50:
+            time.sleep(0)
+        else:
+            idle = time.monotonic() - self.start
+            time.sleep(0.0002 if idle < 0.01 else 0.002)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class MPITransport(Transport):
+    """Collective exchanges as byte messages on the pool's data communicator."""
+
+    def __init__(self, pool: "MPIPool"):
+        self.pool = pool
+        self.run_id = 0
+
+    def exchange(self, sends, recvs, tag):
+        from mpi4py import MPI
+
+        pool = self.pool
+        mtag = ((self.run_id % 8192) << 15) | tag
+        bufs = {p: np.empty(n, dtype) for p, (n, dtype) in recvs.items()}
+        rreqs = [pool.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
+                 for p in bufs]
+        keep = [np.ascontiguousarray(a) for a in sends.values()]
+        sreqs = [pool.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag)
+                 for p, a in zip(sends, keep)]
+        reqs = rreqs + sreqs
+        deadline = time.monotonic() + pool.timeout
+        backoff = _Backoff()
+        try:
+            while not MPI.Request.Testall(reqs):
+                pool.check_during_collective(self.run_id, list(bufs))
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeout(
+                        f"worker {pool.rank}: collective (tag {tag}) got no data from worker(s) "
+                        f"{sorted(bufs)} within {pool.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                backoff.wait()
+        except BaseException:
+            for r in rreqs:
+                try:
+                    r.Cancel()
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+            raise
+        return bufs
+
+
+class MPIPool(WorkerPool):
+    """Every rank of MPI.COMM_WORLD is a worker; rank 0 is also the host."""
+
+    name = "mpi"
+
+    def __init__(self):
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+        self.rank = world.Get_rank()
+        self.size = world.Get_size()
+        self.ctrl = world.Dup()
+        self.data = world.Dup()
+        self.timeout = collective_timeout()
+        self.procs = self.ctrl.allgather((socket.gethostname(), os.getpid()))
+        self.transport = MPITransport(self)
+        self.service = WorkerService(self.rank, self.transport, self._on_run)
+        self.broken: Optional[str] = None
+        self._replies: Dict[int, tuple] = {}     # worker -> reply of the current call
+        self._run_id = 0
+        self._last_liveness = time.monotonic()
+        self._peer_signal = False
+        if threading.current_thread() is threading.main_thread():
+            # mpiexec -disable-auto-cleanup signals SIGUSR1 when a rank dies (default: terminate).
+            signal.signal(signal.SIGUSR1, self._on_peer_failure)
+
+    def _on_peer_failure(self, signum, frame) -> None:
+        self._peer_signal = True
+
+    def _on_run(self, run_id: int) -> None:
+        self.transport.run_id = run_id
+
+    # --- liveness ------------------------------------------------------------------------
+    def _dead_peers(self, ranks: Sequence[int]) -> List[int]:
+        host = socket.gethostname()
+        return [r for r in ranks if self.procs[r][0] == host and not _alive(self.procs[r][1])]
+
+    def _check_liveness(self, ranks: Sequence[int]) -> None:
+        now = time.monotonic()
+        if now - self._last_liveness < _LIVENESS_PERIOD and not self._peer_signal:
+            return
+        self._last_liveness = now
+        dead = self._dead_peers(ranks)
+        if not dead and self._peer_signal and any(
+                self.procs[r][0] != socket.gethostname() for r in ranks):
+            dead = [r for r in ranks if self.procs[r][0] != socket.gethostname()]
+        if dead:
+            self.broken = f"MPI rank(s) {dead} died"
+            raise WorkerDied(f"worker(s) {dead} (MPI rank(s) {dead}) died; the MPI worker pool "
+                             f"cannot be used again")
+
+    # --- host side ---------------------------------------------------------------------
+    def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
+        if self.rank != 0:
+            raise RuntimeError("only MPI rank 0 (the host) drives sessions")
+        if self.broken:
+            raise WorkerDied(f"the MPI worker pool is unusable: {self.broken}")
+        run_id = next(self._runs)
+        self._run_id = run_id
+        n = len(payloads)
+        self._replies = {}
+        sends = [self.ctrl.isend((cmd, sid, run_id, payloads[w]), dest=w, tag=CMD)
+                 for w in range(1, n)]
+        try:
+            own = self.service.handle(cmd, sid, run_id, payloads[0])
+            self._wait_replies(run_id, range(1, n))
+        except BaseException as e:
+            self._abort(run_id, range(1, n), e)
+            raise
+        finally:
+            for s in sends:
+                s.wait()
+        results = [own]
+        for w in range(1, n):
+            status, _, _, value = self._replies[w]
+            results.append(value)
+        return results
+
+    def _take_reply(self, run_id: int) -> Optional[int]:
+        """Receive one pending reply if there is one; raise if it reports a failure."""
+        from mpi4py import MPI
+
+        st = MPI.Status()
+        if not self.ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=REPLY, status=st):
+            return None
+        reply = self.ctrl.recv(source=st.Get_source(), tag=REPLY)
+        status, worker, rid, value = reply
+        if rid != run_id:
+            return None                          # a late reply of an aborted run
+        self._replies[worker] = reply
+        if status == "error":
+            raise WorkerError(f"worker {worker} (MPI rank {worker}) failed: {value}")
+        return worker
+
+    def _wait_replies(self, run_id: int, workers: Sequence[int]) -> None:
+        backoff = _Backoff()
+        while any(w not in self._replies for w in workers):
+            if self._take_reply(run_id) is None:
+                self._check_liveness([w for w in workers if w not in self._replies])
+                backoff.wait()
+            else:
+                backoff = _Backoff()
+
+    def check_during_collective(self, run_id: int, peers: Sequence[int]) -> None:
+        """Called while this rank waits in a collective: fail fast if the run failed elsewhere."""
+        from mpi4py import MPI
+
+        if self.rank == 0:
+            w = self._take_reply(run_id)
+            if w is not None and w in peers:
+                raise WorkerError(f"worker {w} finished the run without joining the collective "
+                                  f"worker 0 waits in: the replicas diverged")
+            self._check_liveness(peers)
+        else:
+            st = MPI.Status()
+            while self.ctrl.Iprobe(source=0, tag=ABORT, status=st):
+                rid, reason = self.ctrl.recv(source=0, tag=ABORT)
+                if rid == run_id:
+                    raise RunAborted(reason)
+            self._check_liveness([0] + list(peers))
+
+    def _abort(self, run_id: int, workers: Sequence[int], exc: BaseException) -> None:
+        """Stop the other workers' part of a failed run and collect their replies."""
+        if isinstance(exc, WorkerDied):
+            return
+        pending = [w for w in workers if w not in self._replies]
+        for w in pending:
+            self.ctrl.send((run_id, f"another worker failed: {_describe(exc)}"), dest=w, tag=ABORT)
+        deadline = time.monotonic() + _ABORT_GRACE
+        backoff = _Backoff()
+        while any(w not in self._replies for w in pending):
+            try:
+                if self._take_reply(run_id) is None:
+                    backoff.wait()
+            except WorkerError:
+                pass
+            if time.monotonic() > deadline:
+                stuck = [w for w in pending if w not in self._replies]
+                self.broken = f"worker(s) {stuck} did not stop after a failure"
+                return
+
+    def shutdown(self) -> bool:
+        """Tell the workers to exit; False if some cannot be reached (the caller aborts MPI)."""
+        if self.rank != 0 or self.size == 1:
+            return True
+        if self.broken:
+            return False
+        self.closed = True
+        for w in range(1, self.size):
+            self.ctrl.send(("shutdown", 0, 0, None), dest=w, tag=CMD)
+        return True
+
+    # --- worker side -------------------------------------------------------------------
+    def serve(self) -> None:
+        """Answer the host's commands until it says shut down (or dies)."""
+        from mpi4py import MPI
+
+        backoff = _Backoff()
+        st = MPI.Status()
+        while True:
+            if self.ctrl.Iprobe(source=0, tag=CMD, status=st):
+                cmd, sid, run_id, payload = self.ctrl.recv(source=0, tag=CMD)
+                if cmd == "shutdown":
+                    return
+                try:
+                    reply = ("ok", self.rank, run_id,
+                             self.service.handle(cmd, sid, run_id, payload))
+                except RunAborted as e:
+                    reply = ("aborted", self.rank, run_id, str(e))
+                except WorkerDied as e:
+                    reply = ("error", self.rank, run_id, _describe(e))
+                except BaseException as e:  # noqa: BLE001 - reported to the host
+                    reply = ("error", self.rank, run_id, _describe(e))
+                    if os.environ.get("POPXL_DEBUG"):
+                        traceback.print_exc()
+                self.ctrl.send(reply, dest=0, tag=REPLY)
+                backoff = _Backoff()
+            elif self.ctrl.Iprobe(source=0, tag=ABORT, status=st):
+                self.ctrl.recv(source=0, tag=ABORT)      # stale: that run already ended here
+            else:
+                if self._dead_peers([0]):
+                    return                               # the host is gone: nothing to serve
+                backoff.wait()
+
+
+_POOL: Optional[MPIPool] = None
+_LAUNCHED = False
+
+
+def launched_by_popxl_run() -> None:
+    """Mark this process as started by the popxl-run MPI entry point."""
+    global _LAUNCHED
+    _LAUNCHED = True
+
+
+def mpi_pool() -> MPIPool:
+    """The process-wide MPI pool (created by the popxl-run entry point)."""
+    global _POOL
+    if _POOL is None:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise ImportError("POPXL_BACKEND=mpi needs mpi4py: pip install 'popxl-dist[mpi]'") \
+                from e
+        size = MPI.COMM_WORLD.Get_size()
+        want = worker_count(default=size)
+        if not _LAUNCHED and (size > 1 or want > 1):
+            raise RuntimeError(
+                f"POPXL_BACKEND=mpi with {want} workers: start the script with "
+                f"`popxl-run --backend mpi --workers {want} script.py` (this process is "
+                f"{'one of ' + str(size) if size > 1 else 'a single'} MPI rank(s) not started "
+                f"by popxl-run)")
+        if want != size:
+            raise RuntimeError(f"POPXL_WORKERS={want} but MPI started {size} rank(s)")
+        _POOL = MPIPool()
+    return _POOL
+
+

@@ -1,0 +1,106 @@
+"""The host side shared by the multi-worker backends: a `WorkerPool` answers commands on every
+worker; `PoolRuntime` splits a Session's host arrays into the workers' replica blocks and puts
+the results back together."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+
+from .._ir.records import IrData
+from ..engine.comm import Layout
+from ..engine.compile import stream_slots
+from .base import Runtime, to_host_layout
+
+__all__ = ["WorkerPool", "PoolRuntime", "needed_replicas"]
+
+
+class WorkerPool:
+    """A fixed set of `size` workers. `call(sid, cmd, payloads)` runs `cmd` on workers
+    0..len(payloads)-1 with one payload each and returns their results in order; it raises
+    the first worker failure (naming the replica and op) after stopping the others."""
+
+    name = "pool"
+    size = 1
+    closed = False      # set when the pool shuts down; sessions closing later do nothing
+    _sids = itertools.count(1)
+    _runs = itertools.count(1)
+
+    def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
+        raise NotImplementedError
+
+    def new_session(self, ir: IrData, layout: Layout) -> int:
+        sid = next(self._sids)
+        self.call(sid, "open", [(ir, layout)] * self.size)
+        return sid
+
+    def close_session(self, sid: int) -> None:
+        if not self.closed:
+            self.call(sid, "close", [None] * self.size)
+
+
+def needed_replicas(ir: IrData, tid: str) -> List[int]:
+    """The replicas whose value of variable `tid` makes up its host value."""
+    info = ir.main.tensors[tid]
+    rg = info.extra.get("replica_grouping")
+    mode = info.extra.get("retrieval_mode", "one_per_group")
+    R = ir.replication_factor
+    if mode == "all_replicas" and R > 1:
+        return list(range(R))
+    if rg is None:
+        return [0]
+    return [rg.members(g)[0] for g in range(rg.num_groups)]
+
+
+class PoolRuntime(Runtime):
+    """A Session's program on a WorkerPool: replicas in contiguous blocks, one per worker."""
+
+    def __init__(self, ir: IrData, pool: WorkerPool):
+        super().__init__(ir)
+        self.pool = pool
+        self.name = pool.name
+        self.layout = Layout(ir.replication_factor, pool.size)
+        self.num_workers = self.layout.num_workers
+        self.h2d_streams, self.d2h_streams = stream_slots(ir)
+        self.sid = pool.new_session(ir, self.layout)
+        self._closed = False
+
+    def _call(self, cmd: str, payloads: Sequence[Any]) -> List[Any]:
+        return self.pool.call(self.sid, cmd, payloads)
+
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        payloads = []
+        for lo, hi in self.layout.blocks:
+            ins = [a[:, lo:hi] for a in inputs]
+            specs = [((o.shape[0], hi - lo) + o.shape[2:], o.dtype) for o in outputs]
+            payloads.append((ins, specs))
+        results = self._call("run", payloads)
+        for (lo, hi), res in zip(self.layout.blocks, results):
+            for o, r in zip(outputs, res):
+                o[:, lo:hi] = r
+
+    def run_fragment(self, which: str) -> None:
+        self._call("run_fragment", [which] * self.num_workers)
+
+    def read_variables(self, tids: Sequence[str]) -> Dict[str, np.ndarray]:
+        wanted = {t: needed_replicas(self.ir, t) for t in tids}
+        payloads = [{t: [r for r in rs if lo <= r < hi] for t, rs in wanted.items()}
+                    for lo, hi in self.layout.blocks]
+        per_replica: Dict[str, List] = {t: [None] * self.ir.replication_factor for t in tids}
+        for res in self._call("read", payloads):
+            for t, by_r in res.items():
+                for r, v in by_r.items():
+                    per_replica[t][r] = v
+        return {t: to_host_layout(self.ir, t, per_replica[t]) for t in tids}
+
+    def write_variables(self, values: Dict[str, np.ndarray]) -> None:
+        self._call("write", [values] * self.num_workers)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self.pool.close_session(self.sid)
+            except Exception:  # noqa: BLE001 - a broken pool has nothing left to free
+                pass

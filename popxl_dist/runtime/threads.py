@@ -1,0 +1,82 @@
+"""Several workers as threads of the calling process (the `local` backend with POPXL_WORKERS > 1).
+
+Each thread is a worker with its own block of replicas; collectives go through in-process
+mailboxes. This exercises exactly the code paths of the MPI and Ray backends (blocks, partial
+reductions, exchange) without starting a process.
+"""
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Any, List, Sequence
+
+from ..errors import RunAborted
+from .env import collective_timeout
+from .mailbox import Mailbox, MailboxTransport
+from .pool import WorkerPool
+from .service import WorkerService
+
+__all__ = ["ThreadPool", "thread_pool"]
+
+
+class ThreadPool(WorkerPool):
+    name = "local"
+
+    def __init__(self, size: int):
+        self.size = size
+        self.mailboxes = [Mailbox() for _ in range(size)]
+        timeout = collective_timeout()
+
+        def deliver(peer, src, run_id, tag, arr):
+            self.mailboxes[peer].put(src, run_id, tag, arr.copy())
+
+        self.services = []
+        for i in range(size):
+            transport = MailboxTransport(i, self.mailboxes[i], deliver, timeout)
+            self.services.append(WorkerService(i, transport, self._run_hook(transport, i)))
+        self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="popxl-worker")
+
+    def _run_hook(self, transport: MailboxTransport, i: int):
+        def on_run(run_id: int) -> None:
+            transport.run_id = run_id
+            self.mailboxes[i].start_run(run_id)
+        return on_run
+
+    def close_session(self, sid: int) -> None:
+        for service in self.services:
+            service.sessions.pop(sid, None)
+
+    def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
+        run_id = next(self._runs)
+        if len(payloads) == 1:
+            return [self.services[0].handle(cmd, sid, run_id, payloads[0])]
+        futures = {self._executor.submit(self.services[i].handle, cmd, sid, run_id, p): i
+                   for i, p in enumerate(payloads)}
+        pending, first_error = set(futures), None
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                exc = f.exception()
+                if exc is None:
+                    for mb in self.mailboxes:      # anyone still waiting for it has diverged
+                        mb.peer_finished(futures[f], run_id)
+                elif first_error is None and not isinstance(exc, RunAborted):
+                    # Release the other workers from their collectives at once.
+                    first_error = exc
+                    for mb in self.mailboxes:
+                        mb.abort(run_id, f"worker {futures[f]} failed: {exc}")
+        if first_error is None:
+            first_error = next((f.exception() for f in futures if f.exception()), None)
+        if first_error is not None:
+            raise first_error
+        return [f.result() for f in futures]
+
+
+_POOLS: dict = {}
+
+
+def thread_pool(size: int) -> ThreadPool:
+    """The process-wide pool of `size` worker threads (shared by every Session)."""
+    pool = _POOLS.get(size)
+    if pool is None:
+        pool = _POOLS[size] = ThreadPool(size)
+    return pool
