@@ -31,6 +31,13 @@ def find_mpiexec() -> str:
     return found
 
 
+# Each rank runs under `sh`, which turns a death by signal into a plain exit code 1: mpiexec
+# (hydra 5.0) kills every other rank when one is killed by a signal, even with
+# -disable-auto-cleanup, and the host must survive a dead worker to raise WorkerDied. The shell
+# ignores the SIGUSR1 that hydra sends to every rank's process group when a rank exits.
+_RANK_WRAPPER = 'trap "" USR1; "$@"; c=$?; [ "$c" -gt 128 ] && exit 1; exit "$c"'
+
+
 def _run_mpi(workers: int, target: str, args: List[str]) -> int:
     """`mpiexec -n W` over the MPI entry point. Hydra stops forwarding output once a rank dies, so
     rank 0 (the host script) writes straight to our stdout/stderr through inherited descriptors,
@@ -44,8 +51,8 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="popxl-run-") as tmp:
         exit_file = os.path.join(tmp, "exit_code")
         env = dict(os.environ, POPXL_HOST_STDIO=f"{fds[0]},{fds[1]}", POPXL_EXIT_FILE=exit_file)
-        cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(workers), sys.executable,
-               "-m", "popxl_launch.mpi_main", target, *args]
+        cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(workers), "sh", "-c",
+               _RANK_WRAPPER, "sh", sys.executable, "-m", "popxl_launch.mpi_main", target, *args]
         try:
             code = subprocess.call(cmd, env=env, pass_fds=fds)
         except KeyboardInterrupt:

@@ -37,26 +37,36 @@ def main() -> int:
     launched_by_popxl_run()
     pool = mpi_pool()
     if pool.rank != 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the host's to handle
         pool.serve()
         _ignore_exit_notices()
         return 0
     from .scripts import run_script
 
     _use_host_stdio()
-    code = run_script(sys.argv[1], sys.argv[2:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    _report_exit(code)
-    ok = pool.shutdown()
-    _ignore_exit_notices()
-    if not ok:
-        from mpi4py import MPI
+    code = 1
+    try:
+        code = run_script(sys.argv[1], sys.argv[2:])
+    finally:
+        _flush_quietly()
+        _report_exit(code)
+        ok = pool.shutdown()      # always: a rank left serving would hang MPI_Finalize
+        _ignore_exit_notices()
+        if not ok:
+            from mpi4py import MPI
 
-        print(f"popxl-run: the MPI worker pool is broken ({pool.broken}); stopping every rank",
-              file=sys.stderr, flush=True)
-        MPI.COMM_WORLD.Abort(code or 1)
+            print(f"popxl-run: the MPI worker pool is broken ({pool.broken}); stopping every "
+                  f"rank", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(code or 1)
     return code
 
+
+def _flush_quietly() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,6 +31,20 @@ def _announce(device: str, backend: str, replicas: int, workers: int) -> None:
         _announced = True
 
 
+def _initial_host_value(info, n_replicas: int) -> np.ndarray:
+    """A variable's host buffer before the first sync, in its `shape_on_host` layout: the initial
+    data, expanded to one value per replica for `all_replicas` retrieval with group_size > 1."""
+    if isinstance(info.data, np.memmap):
+        return info.data            # shared, not copied (write_weights accepts the group layout)
+    rg = info.extra.get("replica_grouping")
+    group_size = n_replicas if rg is None else rg.group_size
+    if info.extra.get("retrieval_mode") != "all_replicas" or group_size == 1:
+        return np.array(info.data, copy=True)
+    if rg is not None and rg.num_groups > 1:
+        return np.ascontiguousarray(info.data[rg.assignment])
+    return np.repeat(info.data[np.newaxis], n_replicas, axis=0)
+
+
 class Session:
     """Runs an Ir. Every device name is the emulator; replication is allowed on all of them.
 
@@ -60,7 +74,7 @@ class Session:
         main = data.main
         self._variables = {t: i for t, i in main.tensors.items() if i.kind == TensorKind.VARIABLE}
         self._host_weights: Dict[str, np.ndarray] = {
-            t: (i.data if isinstance(i.data, np.memmap) else np.array(i.data, copy=True))
+            t: _initial_host_value(i, data.replication_factor)
             for t, i in self._variables.items()}
         self._runtime = create_runtime(data)
         weakref.finalize(self, self._runtime.close)
@@ -261,6 +275,10 @@ class Session:
                 raise TypeError(f"write_variable_data: only Variables can be written, got {v!r}")
             if v.ir is not self._ir:
                 raise ValueError(f"write_variable_data: variable '{v.id}' belongs to another Ir")
+            if v.retrieval_mode == "all_replicas" and v.replica_grouping.group_size > 1:
+                raise NotImplementedError(f"write_variable_data: variable '{v.id}' has "
+                                          f"retrieval_mode 'all_replicas' with group_size > 1, "
+                                          f"which cannot be written (as upstream)")
             want = v.dtype.as_numpy()
             if isinstance(data, (int, float, bool, np.number)) and not isinstance(data, np.ndarray):
                 arr = np.full(v.shape_on_host, data, dtype=want)
@@ -272,10 +290,6 @@ class Session:
             if arr.shape != tuple(v.shape_on_host):
                 raise ValueError(f"write_variable_data: variable '{v.id}' expects host data of "
                                  f"shape {tuple(v.shape_on_host)}, got {arr.shape}")
-            if v.retrieval_mode == "all_replicas" and v.replica_grouping.group_size > 1:
-                raise NotImplementedError("write_variable_data with retrieval_mode "
-                                          "'all_replicas' and group_size > 1 is not supported "
-                                          "(as upstream)")
             updates[v.id] = arr
         if self._attached and self._out_of_sync:
             self.weights_to_host()

@@ -122,7 +122,9 @@ def cover(k: int, a: int, b: int) -> Tuple[Tuple[int, int], ...]:
 class _Tree:
     """Evaluates tree nodes from known partial values, combining left to right."""
 
-    def __init__(self, combine, known: Dict[Tuple[int, int], np.ndarray], owned: set):
+    def __init__(self, combine, known: Dict[Tuple[int, int], np.ndarray], owned: set,
+                 root: Tuple[int, int] = (0, 0)):
+        self.root = root
         self.combine = combine
         self.known = known
         self.owned = owned          # ids of arrays this evaluation may overwrite
@@ -142,6 +144,20 @@ class _Tree:
             self.owned.add(id(out))
         self.known[(lo, hi)] = out
         return out
+
+    def into(self, dest: np.ndarray) -> np.ndarray:
+        """Evaluate the root straight into `dest` (which may be one of the leaves: the last
+        combine is element-wise, and every leaf has been read by then)."""
+        lo, hi = self.root
+        v = self.known.get((lo, hi))
+        if v is not None:
+            if v is not dest:
+                np.copyto(dest, v)
+            return dest
+        mid = _split(lo, hi)
+        left, right = self.value(lo, mid), self.value(mid, hi)
+        self.combine(left, right, out=dest)
+        return dest
 
 
 class _Group:
@@ -219,10 +235,33 @@ class Communicator:
         return out
 
     # --- reductions --------------------------------------------------------------------
-    def all_reduce(self, values: Sequence[np.ndarray], op: str, stride: int,
-                   group_size: int) -> List[np.ndarray]:
-        """The reduction over each local replica's group, one fresh array per local replica."""
-        return self._reduce(values, op, stride, group_size, chunk=None)
+    def all_reduce(self, values: Sequence[np.ndarray], op: str, stride: int, group_size: int,
+                   out: Optional[Sequence[np.ndarray]] = None) -> List[np.ndarray]:
+        """The reduction over each local replica's group, one fresh array per local replica, or
+        written into `out[j]` (which may be `values[j]`: in place) and returned."""
+        if group_size == 1:
+            return self._identity(values, op, out)
+        return self._reduce(values, op, stride, group_size, chunk=None, out=out)
+
+    @staticmethod
+    def _identity(values, op, out) -> List[np.ndarray]:
+        """A reduction over groups of one: no communication, `square_add` squares."""
+        res = []
+        for j, x in enumerate(values):
+            y = x
+            if op == "square_add":
+                acc = _acc_dtype(x.dtype, op)
+                xa = x.astype(acc)
+                y = np.multiply(xa, xa).astype(x.dtype)
+            elif op in ("and", "or"):
+                y = x.astype(bool).astype(x.dtype)
+            if out is not None:
+                if out[j] is not y:
+                    np.copyto(out[j], y)
+                res.append(out[j])
+            else:
+                res.append(y.copy() if y is x else y)
+        return res
 
     def reduce_scatter(self, values: Sequence[np.ndarray], op: str, stride: int,
                        group_size: int) -> List[np.ndarray]:
@@ -234,7 +273,7 @@ class Communicator:
                              f"size {group_size}")
         return self._reduce(values, op, stride, group_size, chunk=n // group_size)
 
-    def _reduce(self, values, op, stride, k, chunk) -> List[np.ndarray]:
+    def _reduce(self, values, op, stride, k, chunk, out=None) -> List[np.ndarray]:
         if op not in _COMBINE:
             raise ValueError(f"unknown reduction {op!r}; expected one of {REDUCE_OPS}")
         dtype = values[0].dtype
@@ -266,9 +305,9 @@ class Communicator:
                 if x is not src:           # a converted copy: safe to accumulate into
                     owned.add(id(x))
                 known[(i, i + 1)] = x
-            tree = _Tree(combine, known, owned)
+            tree = _Tree(combine, known, owned, (0, k))
             mine = cover(k, a, b)
-            partials = [tree.value(*node) for node in mine]
+            partials = [tree.value(*node) for node in mine] if grp.peers else []
             for p, (pa, pb) in sorted(grp.peers.items()):
                 if chunk is None:
                     sends.setdefault(p, []).extend(partials)
@@ -291,6 +330,21 @@ class Communicator:
                 for node in cover(k, pa, pb):
                     tree.known[node] = received[p][cursor[p]]
                     cursor[p] += 1
+            a, b = grp.local
+            if out is not None and acc == dtype and chunk is None:
+                first = out[self._pos[grp.members[a]]]
+                total = tree.into(first)
+                if op == "mean":
+                    if np.issubdtype(acc, np.integer):
+                        np.copyto(first, (first / k).astype(acc))
+                    else:
+                        np.divide(first, np.asarray(k, dtype=acc), out=first)
+                for i in range(a, b):
+                    dest = out[self._pos[grp.members[i]]]
+                    if dest is not first:
+                        np.copyto(dest, first)
+                    results[self._pos[grp.members[i]]] = dest
+                continue
             total = tree.value(0, k)
             if op == "mean" and np.issubdtype(acc, np.integer):
                 total = (total / k).astype(acc)     # truncates towards zero
@@ -303,8 +357,13 @@ class Communicator:
                 total = total.astype(dtype)
             elif id(total) not in tree.owned:      # an input or a received buffer
                 total = total.copy()
-            a, b = grp.local
             for i in range(a, b):
+                if out is not None:
+                    dest = out[self._pos[grp.members[i]]]
+                    np.copyto(dest, total if chunk is None else
+                              total[(i - a) * chunk:(i - a + 1) * chunk], casting="unsafe")
+                    results[self._pos[grp.members[i]]] = dest
+                    continue
                 if chunk is not None:       # disjoint views of one fresh array
                     part = total[(i - a) * chunk:(i - a + 1) * chunk]
                 else:

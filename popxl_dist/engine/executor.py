@@ -74,15 +74,23 @@ class Worker:
 
     # --- weights -----------------------------------------------------------------------
     def write_weights(self, values: Dict[str, np.ndarray]) -> None:
-        """Copy host values (upstream's host layout: `(G, *shape)` for G > 1 groups) into the
-        replicas' variables."""
+        """Copy host values (upstream's host layout: `(G, *shape)` for G > 1 groups, or
+        `(R, *shape)` for `all_replicas` variables) into the replicas' variables."""
         idx = self.program.state_index
         main = self.ir.main
+        n_replicas = self.ir.replication_factor
         for tid, host in values.items():
             info = main.tensors[tid]
-            rg, groups = group_layout(info, self.ir.replication_factor)
+            rg, groups = group_layout(info, n_replicas)
+            # `all_replicas` host buffers (after a weights_to_host) hold one value per replica.
+            per_replica = (info.extra.get("retrieval_mode") == "all_replicas"
+                           and (rg is None or rg.group_size > 1)
+                           and host.shape == (n_replicas, *info.shape))
             for ctx in self.ctxs:
-                src = host[rg.group_of(ctx.replica)] if groups > 1 else host
+                if per_replica:
+                    src = host[ctx.replica]
+                else:
+                    src = host[rg.group_of(ctx.replica)] if groups > 1 else host
                 cur = ctx.state[idx[tid]]
                 if cur is None or cur.shape != info.shape:
                     ctx.state[idx[tid]] = np.array(src, dtype=info.dtype.as_numpy(), copy=True)

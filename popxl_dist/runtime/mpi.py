@@ -52,21 +52,22 @@ def _alive(pid: int) -> bool:
 
 
 class _Backoff:
-    """Polling without spinning: yield the CPU at once, then sleep longer the longer we wait."""
+    """Polling that does not spin for long: for the first few milliseconds of a wait, yield the
+    CPU between polls (a reply usually comes within them); then sleep, longer the longer the
+    wait, so an idle rank costs (almost) no CPU."""
 
-    __slots__ = ("start", "n")
+    __slots__ = ("start",)
+    SPIN = 0.003
 
     def __init__(self):
         self.start = time.monotonic()
-        self.n = 0
 
     def wait(self) -> None:
-        self.n += 1
-        if self.n < 50:
-            time.sleep(0)
+        idle = time.monotonic() - self.start
+        if idle < self.SPIN:
+            os.sched_yield()      # not sleep(0): that costs the timer slack (~50-250 us)
         else:
-            idle = time.monotonic() - self.start
-            time.sleep(0.0002 if idle < 0.01 else 0.002)
+            time.sleep(0.0001 if idle < 0.05 else 0.001 if idle < 1.0 else 0.005)
 
 
 def _describe(exc: BaseException) -> str:
@@ -79,13 +80,25 @@ class MPITransport(Transport):
     def __init__(self, pool: "MPIPool"):
         self.pool = pool
         self.run_id = 0
+        self._buffers: Dict[tuple, np.ndarray] = {}
+
+    def _buffer(self, peer: int, n: int, dtype) -> np.ndarray:
+        """A receive buffer, reused across collectives (the communicator consumes what it
+        receives before the next exchange)."""
+        key = (peer, n, np.dtype(dtype).str)
+        buf = self._buffers.get(key)
+        if buf is None:
+            if len(self._buffers) > 64:
+                self._buffers.clear()
+            buf = self._buffers[key] = np.empty(n, dtype)
+        return buf
 
     def exchange(self, sends, recvs, tag):
         from mpi4py import MPI
 
         pool = self.pool
         mtag = ((self.run_id % 8192) << 15) | tag
-        bufs = {p: np.empty(n, dtype) for p, (n, dtype) in recvs.items()}
+        bufs = {p: self._buffer(p, n, dtype) for p, (n, dtype) in recvs.items()}
         rreqs = [pool.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
                  for p in bufs]
         keep = [np.ascontiguousarray(a) for a in sends.values()]
@@ -149,9 +162,10 @@ class MPIPool(WorkerPool):
         host = socket.gethostname()
         return [r for r in ranks if self.procs[r][0] == host and not _alive(self.procs[r][1])]
 
-    def _check_liveness(self, ranks: Sequence[int]) -> None:
+    def _check_liveness(self, ranks: Sequence[int], force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._last_liveness < _LIVENESS_PERIOD and not self._peer_signal:
+        since = now - self._last_liveness
+        if since < _LIVENESS_PERIOD and not self._peer_signal and not (force and since > 0.01):
             return
         self._last_liveness = now
         dead = self._dead_peers(ranks)
@@ -160,8 +174,10 @@ class MPIPool(WorkerPool):
             dead = [r for r in ranks if self.procs[r][0] != socket.gethostname()]
         if dead:
             self.broken = f"MPI rank(s) {dead} died"
-            raise WorkerDied(f"worker(s) {dead} (MPI rank(s) {dead}) died; the MPI worker pool "
+            err = WorkerDied(f"worker(s) {dead} (MPI rank(s) {dead}) died; the MPI worker pool "
                              f"cannot be used again")
+            err.workers = dead
+            raise err
 
     # --- host side ---------------------------------------------------------------------
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
@@ -172,6 +188,8 @@ class MPIPool(WorkerPool):
         run_id = next(self._runs)
         self._run_id = run_id
         n = len(payloads)
+        # Never message a dead rank: MPICH may take the whole job down with it.
+        self._check_liveness(range(1, n), force=True)
         self._replies = {}
         sends = [self.ctrl.isend((cmd, sid, run_id, payloads[w]), dest=w, tag=CMD)
                  for w in range(1, n)]
@@ -262,6 +280,23 @@ class MPIPool(WorkerPool):
         self.closed = True
         for w in range(1, self.size):
             self.ctrl.send(("shutdown", 0, 0, None), dest=w, tag=CMD)
+        # Wait for every worker's goodbye: one that cannot answer would hang MPI_Finalize.
+        from mpi4py import MPI
+
+        waiting = set(range(1, self.size))
+        deadline = time.monotonic() + _ABORT_GRACE
+        backoff = _Backoff()
+        st = MPI.Status()
+        while waiting:
+            if self.ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=REPLY, status=st):
+                reply = self.ctrl.recv(source=st.Get_source(), tag=REPLY)
+                if reply[0] == "bye":
+                    waiting.discard(reply[1])
+                continue
+            if time.monotonic() > deadline or self._dead_peers(sorted(waiting)):
+                self.broken = f"worker(s) {sorted(waiting)} did not acknowledge the shutdown"
+                return False
+            backoff.wait()
         return True
 
     # --- worker side -------------------------------------------------------------------
@@ -275,6 +310,7 @@ class MPIPool(WorkerPool):
             if self.ctrl.Iprobe(source=0, tag=CMD, status=st):
                 cmd, sid, run_id, payload = self.ctrl.recv(source=0, tag=CMD)
                 if cmd == "shutdown":
+                    self.ctrl.send(("bye", self.rank, 0, None), dest=0, tag=REPLY)
                     return
                 try:
                     reply = ("ok", self.rank, run_id,
@@ -292,8 +328,11 @@ class MPIPool(WorkerPool):
             elif self.ctrl.Iprobe(source=0, tag=ABORT, status=st):
                 self.ctrl.recv(source=0, tag=ABORT)      # stale: that run already ended here
             else:
-                if self._dead_peers([0]):
-                    return                               # the host is gone: nothing to serve
+                now = time.monotonic()
+                if now - self._last_liveness > _LIVENESS_PERIOD or self._peer_signal:
+                    self._last_liveness = now
+                    if self._dead_peers([0]):
+                        return                           # the host is gone: nothing to serve
                 backoff.wait()
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from .._ir.records import IrData
 from ..engine.comm import Layout
 from ..engine.compile import stream_slots
+from ..errors import WorkerDied
 from .base import Runtime, to_host_layout
 
 __all__ = ["WorkerPool", "PoolRuntime", "needed_replicas"]
@@ -67,7 +68,18 @@ class PoolRuntime(Runtime):
         self._closed = False
 
     def _call(self, cmd: str, payloads: Sequence[Any]) -> List[Any]:
-        return self.pool.call(self.sid, cmd, payloads)
+        try:
+            return self.pool.call(self.sid, cmd, payloads)
+        except WorkerDied as e:
+            held = []
+            for w in getattr(e, "workers", ()):
+                if w < self.num_workers:
+                    reps = list(self.layout.replicas_of(w))
+                    held.append(f"worker {w} held replica{'s' if len(reps) > 1 else ''} "
+                                f"{', '.join(map(str, reps))}")
+            if not held:
+                raise
+            raise WorkerDied(f"{e} ({'; '.join(held)})") from e
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         payloads = []

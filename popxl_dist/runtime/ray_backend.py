@@ -23,6 +23,7 @@ from .service import WorkerService
 __all__ = ["RayPool", "ray_pool"]
 
 _ABORT_GRACE = 5.0
+_POLL = 0.5          # seconds between checks for failures while workers run
 
 
 class _ActorWorker:
@@ -60,6 +61,15 @@ class _ActorWorker:
         return self.service.handle(cmd, sid, run_id, payload)
 
 
+def _blas_threads_env() -> dict:
+    """The BLAS thread counts of this process, for the actors: Ray would set them to the actor's
+    CPU count (1), and OpenBLAS gives different bits with different thread counts, which would
+    break bitwise agreement with the local and MPI backends."""
+    default = str(os.cpu_count() or 1)
+    return {var: os.environ.get(var, default)
+            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
 def _cause(exc: BaseException) -> BaseException:
     """The worker-side exception inside a RayTaskError."""
     cause = getattr(exc, "cause", None)
@@ -89,7 +99,8 @@ class RayPool(WorkerPool):
         self.broken: Optional[str] = None
         cls = ray.remote(max_concurrency=8, num_cpus=1)(_ActorWorker)
         timeout = collective_timeout()
-        self.actors = [cls.remote(i, timeout) for i in range(size)]
+        env = {"env_vars": _blas_threads_env()}
+        self.actors = [cls.options(runtime_env=env).remote(i, timeout) for i in range(size)]
         self.pids = ray.get([a.set_peers.remote(self.actors) for a in self.actors])
         atexit.register(self.shutdown)
 
@@ -104,20 +115,21 @@ class RayPool(WorkerPool):
         results: dict = {}
         first_error: Optional[BaseException] = None
         pending = list(refs)
+        told_finished: set = set()
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            # Wait for all, but wake up regularly to notice a failure (or a finished worker
+            # that others still wait for in a collective) while the rest are still running.
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=_POLL)
             for ref in done:
                 i = which[ref]
                 try:
                     results[i] = ray.get(ref)
-                    for j in range(len(refs)):
-                        if j != i:
-                            self.actors[j].peer_finished.remote(i, run_id)
                 except ray.exceptions.RayActorError as e:
                     self.broken = f"worker {i} (Ray actor, pid {self.pids[i]}) died"
                     if first_error is None:
                         first_error = WorkerDied(f"worker {i} (Ray actor, pid {self.pids[i]}) "
                                                  f"died: {type(e).__name__}")
+                        first_error.workers = [i]
                         self._abort(run_id, first_error)
                 except ray.exceptions.RayTaskError as e:
                     cause = _cause(e)
@@ -129,6 +141,11 @@ class RayPool(WorkerPool):
                 # Give the released workers a moment to answer, then stop waiting.
                 ray.wait(pending, num_returns=len(pending), timeout=_ABORT_GRACE)
                 break
+            for i in set(results) - told_finished:
+                told_finished.add(i)
+                for j in range(len(refs)):
+                    if j not in results:
+                        self.actors[j].peer_finished.remote(i, run_id)
         if first_error is not None:
             if self.broken:
                 self.shutdown()

@@ -6,8 +6,8 @@ reductions, exchange) without starting a process.
 """
 from __future__ import annotations
 
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Any, List, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, List, Optional, Sequence
 
 from ..errors import RunAborted
 from .env import collective_timeout
@@ -49,26 +49,35 @@ class ThreadPool(WorkerPool):
         run_id = next(self._runs)
         if len(payloads) == 1:
             return [self.services[0].handle(cmd, sid, run_id, payloads[0])]
-        futures = {self._executor.submit(self.services[i].handle, cmd, sid, run_id, p): i
-                   for i, p in enumerate(payloads)}
-        pending, first_error = set(futures), None
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                exc = f.exception()
-                if exc is None:
-                    for mb in self.mailboxes:      # anyone still waiting for it has diverged
-                        mb.peer_finished(futures[f], run_id)
-                elif first_error is None and not isinstance(exc, RunAborted):
-                    # Release the other workers from their collectives at once.
-                    first_error = exc
-                    for mb in self.mailboxes:
-                        mb.abort(run_id, f"worker {futures[f]} failed: {exc}")
-        if first_error is None:
-            first_error = next((f.exception() for f in futures if f.exception()), None)
-        if first_error is not None:
-            raise first_error
-        return [f.result() for f in futures]
+        errors: List[BaseException] = []
+
+        def settle(i: int, exc: Optional[BaseException]) -> None:
+            # Called as each worker ends: release the others at once if it failed, and tell
+            # them it finished (anyone still waiting for its data has diverged).
+            if exc is None:
+                for mb in self.mailboxes:
+                    mb.peer_finished(i, run_id)
+            elif not isinstance(exc, RunAborted) or not errors:
+                errors.append(exc)
+                for mb in self.mailboxes:
+                    mb.abort(run_id, f"worker {i} failed: {exc}")
+
+        futures = []
+        for i in range(1, len(payloads)):
+            f = self._executor.submit(self.services[i].handle, cmd, sid, run_id, payloads[i])
+            f.add_done_callback(lambda f, i=i: settle(i, f.exception()))
+            futures.append(f)
+        first: Any = None
+        try:
+            first = self.services[0].handle(cmd, sid, run_id, payloads[0])
+            settle(0, None)
+        except BaseException as e:  # noqa: BLE001 - re-raised below after the others stop
+            settle(0, e)
+        wait(futures)
+        real = [e for e in errors if not isinstance(e, RunAborted)]
+        if real or errors:
+            raise (real or errors)[0]
+        return [first] + [f.result() for f in futures]
 
 
 _POOLS: dict = {}

@@ -42,9 +42,7 @@ def _all_reduce_inplace_kernel(attrs, ins, outs) -> Callable:
 
     def run(comm, per_replica: PerReplica) -> list[np.ndarray]:
         xs = [p[0] for p in per_replica]
-        for x, r in zip(xs, comm.all_reduce(xs, op, stride, size)):
-            x[...] = r
-        return xs
+        return list(comm.all_reduce(xs, op, stride, size, out=xs))
     return run
 
 

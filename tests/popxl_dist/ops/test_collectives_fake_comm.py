@@ -81,11 +81,16 @@ class FakeComm:
             acc = acc / calc.type(len(xs)) if calc.kind == "f" else acc // len(xs)
         return acc.astype(dt)
 
-    def all_reduce(self, values, op, stride, group_size):
+    def all_reduce(self, values, op, stride, group_size, out=None):
         self.calls.append("all_reduce")
         allv = self._exchange(values)
-        return [self._reduce([allv[m] for m in _block_members(r, stride, group_size)], op)
-                for r in self.replicas]
+        res = [self._reduce([allv[m] for m in _block_members(r, stride, group_size)], op)
+               for r in self.replicas]
+        if out is None:
+            return res
+        for o, r in zip(out, res):
+            o[...] = r
+        return list(out)
 
     def all_gather(self, values, stride, group_size):
         self.calls.append("all_gather")
