@@ -177,9 +177,8 @@ class Worker:
             if first is None and all(s is None for s in steps):
                 return
             step: CollectiveStep = first[0] if first is not None else None
-            for ctx, s in zip(self.ctxs, steps):
-                if s is None or s[0] is not step:
-                    raise EngineError(self._divergence(steps))
+            if any(s is None or s[0] is not step for s in steps):
+                raise EngineError(self._divergence(steps))
             comm.tag = step.tag
             try:
                 sends = step.fn(comm, [s[1] for s in steps])

@@ -1,6 +1,5 @@
 """array_munging helpers, InputStreams/OutputStreams, Embedding, testing_utils.run_module."""
 import numpy as np
-import pytest
 
 import popxl
 import popxl_addons as addons

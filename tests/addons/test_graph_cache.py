@@ -5,9 +5,7 @@ import numpy as np
 import pytest
 
 import popxl
-import popxl.ops as ops
 import popxl_addons as addons
-from popxl_addons.layers import Linear
 
 
 class Scale(addons.Module):

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 import popxl
-import popxl.ops as ops
 import popxl_addons as addons
 
 

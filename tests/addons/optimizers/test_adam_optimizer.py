@@ -1,11 +1,8 @@
 """Tutorial 2's one-step Adam demo (module written exactly as in the seed) and AdamOptimizerStep."""
-import sys
-import os
 from functools import partial
 from typing import Union
 
 import numpy as np
-import pytest
 
 import popxl
 import popxl.ops as ops

@@ -1,5 +1,4 @@
 """addons.autodiff, autodiff_with_accumulation (running mean of grads), recompute_graph."""
-from functools import partial
 
 import numpy as np
 import pytest

@@ -1,0 +1,45 @@
+"""One process start per backend: the collective cases, failure scenarios and a short
+data-parallel MNIST run, all in one host script.
+
+    popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--failures a,b]
+
+Prints the lines of each part; exit status = number of failed parts.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import collective_cases  # noqa: E402
+import failure_cases  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dp-weights", default="")
+    p.add_argument("--failures", default="")
+    p.add_argument("--no-cases", action="store_true")
+    ns = p.parse_args()
+    failed = 0
+    if not ns.no_cases:
+        failed += collective_cases.main() != 0
+    if ns.dp_weights:
+        import mnist_data_parallel
+
+        failed += mnist_data_parallel.main(["--limit", "6", "--test-batches", "2",
+                                            "--no-progress", "--save-weights",
+                                            ns.dp_weights]) not in (0, None)
+    if ns.failures:
+        failed += failure_cases.main(ns.failures.split(",")) != 0
+    print(f"suite: {failed} failed part(s)", flush=True)
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
