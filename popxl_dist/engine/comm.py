@@ -93,6 +93,32 @@ def _acc_dtype(dtype: np.dtype, op: str) -> np.dtype:
     return dtype
 
 
+_SPLIT_MIN = 1 << 16     # elements: below this one exchange round beats two
+
+
+def _leaf_fn(op: str, acc: np.dtype):
+    """Convert a member's value to the accumulation dtype (squared for square_add)."""
+    def leaf(x: np.ndarray) -> np.ndarray:
+        if x.dtype != acc:
+            x = x.astype(acc)
+        return np.multiply(x, x) if op == "square_add" else x
+    return leaf
+
+
+def _finish_mean(total: np.ndarray, op: str, k: int, acc: np.dtype,
+                 inplace: bool = False) -> np.ndarray:
+    """Divide by the group size for "mean" (integers truncate towards zero)."""
+    if op != "mean":
+        return total
+    if np.issubdtype(acc, np.integer):
+        res = (total / k).astype(acc)
+        if inplace:
+            np.copyto(total, res)
+            return total
+        return res
+    return np.divide(total, np.asarray(k, dtype=acc), out=total if inplace else None)
+
+
 def _split(lo: int, hi: int) -> int:
     """The fixed split point of tree node [lo, hi): the left child is the largest power of two
     strictly below the node size."""
@@ -241,7 +267,97 @@ class Communicator:
         written into `out[j]` (which may be `values[j]`: in place) and returned."""
         if group_size == 1:
             return self._identity(values, op, out)
+        if op not in _COMBINE:
+            raise ValueError(f"unknown reduction {op!r}; expected one of {REDUCE_OPS}")
+        plan = self._plan(stride, group_size)
+        if values[0].size >= _SPLIT_MIN:      # the same choice on every worker
+            return self._all_reduce_split(values, op, group_size, plan, out)
         return self._reduce(values, op, stride, group_size, chunk=None, out=out)
+
+    def _all_reduce_split(self, values, op, k, plan, out) -> List[np.ndarray]:
+        """All-reduce of large arrays across workers as reduce-scatter then all-gather between
+        the workers: each worker reduces only its 1/P of the columns (the same tree per
+        element, so the same bits), writes it straight into the destination, and the reduced
+        column blocks are exchanged."""
+        dtype = values[0].dtype
+        acc = _acc_dtype(dtype, op)
+        combine = _COMBINE[op]
+        shape, n = values[0].shape, values[0].size
+        leaf = _leaf_fn(op, acc)
+        flats = [np.ascontiguousarray(v).reshape(-1) for v in values]
+        dests = [out[j] if out is not None else np.empty(shape, dtype)
+                 for j in range(len(values))]
+        dflat = [d.reshape(-1) if d.flags.c_contiguous else np.empty(n, dtype) for d in dests]
+        sends: Dict[int, List[np.ndarray]] = {}
+        recvs: Dict[int, List[Tuple[Tuple[int, ...], np.dtype]]] = {}
+        layout = []
+        for grp in plan:
+            workers = sorted([self.worker, *grp.peers])
+            spans = [(i * n // len(workers), (i + 1) * n // len(workers))
+                     for i in range(len(workers))]
+            c0, c1 = spans[workers.index(self.worker)]
+            a, b = grp.local
+            mine = cover(k, a, b)
+            for p, (pa, pb) in sorted(grp.peers.items()):
+                p0, p1 = spans[workers.index(p)]
+                sends.setdefault(p, []).extend(
+                    self._node_on_cols(grp, node, flats, leaf, combine, p0, p1) for node in mine)
+                recvs.setdefault(p, []).extend([((c1 - c0,), acc)] * len(cover(k, pa, pb)))
+            layout.append((grp, workers, spans))
+        got = self._exchange(sends, recvs)
+        cursor = dict.fromkeys(got, 0)
+        sends, recvs = {}, {}
+        for grp, workers, spans in layout:
+            c0, c1 = spans[workers.index(self.worker)]
+            a, b = grp.local
+            known, owned = {}, set()
+            for i in range(a, b):
+                src = flats[self._pos[grp.members[i]]][c0:c1]
+                x = leaf(src)
+                if x is not src:
+                    owned.add(id(x))
+                known[(i, i + 1)] = x
+            for p, (pa, pb) in sorted(grp.peers.items()):
+                for node in cover(k, pa, pb):
+                    known[node] = got[p][cursor[p]]
+                    cursor[p] += 1
+            tree = _Tree(combine, known, owned, (0, k))
+            target = dflat[self._pos[grp.members[a]]][c0:c1]
+            if acc == dtype:
+                tree.into(target)
+                _finish_mean(target, op, k, acc, inplace=True)
+            else:
+                np.copyto(target, _finish_mean(tree.value(0, k), op, k, acc), casting="unsafe")
+            for p, (pa, pb) in sorted(grp.peers.items()):
+                p0, p1 = spans[workers.index(p)]
+                sends.setdefault(p, []).append(target)
+                recvs.setdefault(p, []).append(((p1 - p0,), dtype))
+        got = self._exchange(sends, recvs)
+        cursor = dict.fromkeys(got, 0)
+        results: List[Optional[np.ndarray]] = [None] * len(self.replicas)
+        for grp, workers, spans in layout:
+            a, b = grp.local
+            first = dflat[self._pos[grp.members[a]]]
+            for p in sorted(grp.peers):
+                p0, p1 = spans[workers.index(p)]
+                first[p0:p1] = got[p][cursor[p]]
+                cursor[p] += 1
+            for i in range(a, b):
+                j = self._pos[grp.members[i]]
+                if dflat[j] is not first:
+                    np.copyto(dflat[j], first)
+                if dests[j].reshape(-1) is not dflat[j] and not dests[j].flags.c_contiguous:
+                    np.copyto(dests[j], dflat[j].reshape(shape))
+                results[j] = dests[j]
+        return results  # type: ignore[return-value]
+
+    def _node_on_cols(self, grp, node, flats, leaf, combine, c0, c1) -> np.ndarray:
+        """The partial value of tree `node` on the flat columns [c0, c1)."""
+        lo, hi = node
+        srcs = [flats[self._pos[grp.members[i]]][c0:c1] for i in range(lo, hi)]
+        sub = {(lo + m, lo + m + 1): leaf(x) for m, x in enumerate(srcs)}
+        fresh = {id(v) for v, x in zip(sub.values(), srcs) if v is not x}
+        return _Tree(combine, sub, fresh).value(lo, hi)
 
     @staticmethod
     def _identity(values, op, out) -> List[np.ndarray]:

@@ -13,6 +13,8 @@ from ..errors import CollectiveTimeout, RunAborted
 
 __all__ = ["Mailbox", "MailboxTransport"]
 
+_DIVERGE_GRACE = 1.0      # seconds a finished peer's in-flight data may still take
+
 
 class Mailbox:
     """A worker's inbox: arrays keyed by (sender, run id, tag), in arrival order."""
@@ -53,6 +55,7 @@ class Mailbox:
              describe: Callable[[], str]) -> Dict[int, np.ndarray]:
         """Wait for one message from each of `srcs` for (run_id, tag) and remove them."""
         deadline = time.monotonic() + timeout
+        gone_since = None
         with self._cv:
             while True:
                 if run_id in self._aborted:
@@ -62,13 +65,19 @@ class Mailbox:
                 missing = [s for s in srcs if not self._box.get((s, run_id, tag))]
                 gone = [s for s in missing if s in self._finished.get(run_id, ())]
                 if gone:
-                    raise RuntimeError(f"{describe()}: worker(s) {gone} finished the run "
-                                       f"without joining this collective: the replicas diverged")
+                    # Data sent just before finishing may arrive after the notice (Ray gives
+                    # no ordering between different callers), hence the grace period.
+                    if gone_since is None:
+                        gone_since = time.monotonic()
+                    elif time.monotonic() - gone_since > _DIVERGE_GRACE:
+                        raise RuntimeError(
+                            f"{describe()}: worker(s) {gone} finished the run without joining "
+                            f"this collective: the replicas diverged")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveTimeout(f"{describe()}: no data from worker(s) {missing} "
                                             f"after {timeout:g} s")
-                self._cv.wait(min(left, 1.0))
+                self._cv.wait(min(left, 0.1 if gone_since is not None else 1.0))
 
     def _pop(self, key) -> np.ndarray:
         q = self._box[key]

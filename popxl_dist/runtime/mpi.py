@@ -31,6 +31,7 @@ __all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run"]
 CMD, REPLY, ABORT = 11, 12, 13
 _LIVENESS_PERIOD = 0.5
 _ABORT_GRACE = 5.0
+_DIVERGE_GRACE = 1.0
 
 
 def _alive(pid: int) -> bool:
@@ -107,9 +108,17 @@ class MPITransport(Transport):
         reqs = rreqs + sreqs
         deadline = time.monotonic() + pool.timeout
         backoff = _Backoff()
+        finished_at = None
         try:
             while not MPI.Request.Testall(reqs):
-                pool.check_during_collective(self.run_id, list(bufs))
+                if pool.check_during_collective(self.run_id, list(bufs)) and finished_at is None:
+                    finished_at = time.monotonic()
+                if finished_at is not None and time.monotonic() - finished_at > _DIVERGE_GRACE:
+                    # Its data may still be in flight when its reply arrives (another
+                    # communicator, no ordering), hence the grace period.
+                    raise WorkerError(f"worker {pool.rank}: a peer among workers {sorted(bufs)} "
+                                      f"finished the run without joining this collective (tag "
+                                      f"{tag}): the replicas diverged")
                 if time.monotonic() > deadline:
                     raise CollectiveTimeout(
                         f"worker {pool.rank}: collective (tag {tag}) got no data from worker(s) "
@@ -233,16 +242,15 @@ class MPIPool(WorkerPool):
             else:
                 backoff = _Backoff()
 
-    def check_during_collective(self, run_id: int, peers: Sequence[int]) -> None:
-        """Called while this rank waits in a collective: fail fast if the run failed elsewhere."""
+    def check_during_collective(self, run_id: int, peers: Sequence[int]) -> bool:
+        """Called while this rank waits in a collective: raise if the run failed elsewhere;
+        True if a peer it waits for has finished the run (the host knows)."""
         from mpi4py import MPI
 
         if self.rank == 0:
-            w = self._take_reply(run_id)
-            if w is not None and w in peers:
-                raise WorkerError(f"worker {w} finished the run without joining the collective "
-                                  f"worker 0 waits in: the replicas diverged")
+            self._take_reply(run_id)
             self._check_liveness(peers)
+            return any(w in self._replies for w in peers)
         else:
             st = MPI.Status()
             while self.ctrl.Iprobe(source=0, tag=ABORT, status=st):
@@ -250,6 +258,7 @@ class MPIPool(WorkerPool):
                 if rid == run_id:
                     raise RunAborted(reason)
             self._check_liveness([0] + list(peers))
+        return False
 
     def _abort(self, run_id: int, workers: Sequence[int], exc: BaseException) -> None:
         """Stop the other workers' part of a failed run and collect their replies."""

@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+import popxl.engine.comm as comm_module
 from popxl.engine.comm import Communicator, Layout, cover
 from popxl.runtime.mailbox import Mailbox, MailboxTransport
 
@@ -69,9 +70,18 @@ REF = {"add": lambda xs: np.sum(xs, axis=0), "max": lambda xs: np.max(xs, axis=0
        "mean": lambda xs: np.mean(xs, axis=0), "square_add": lambda xs: np.sum(np.square(xs), 0)}
 
 
+@pytest.fixture(params=["one_round", "split"])
+def split_mode(request, monkeypatch):
+    """Run each all-reduce test with both cross-worker algorithms (one exchange of partials,
+    and reduce-scatter + all-gather between workers, normally used for large arrays)."""
+    if request.param == "split":
+        monkeypatch.setattr(comm_module, "_SPLIT_MIN", 1)
+    return request.param
+
+
 @pytest.mark.parametrize("R", [2, 4, 8])
 @pytest.mark.parametrize("op", ["add", "mean", "max", "min", "mul", "square_add"])
-def test_all_reduce_matches_numpy_and_is_bitwise_stable(R, op):
+def test_all_reduce_matches_numpy_and_is_bitwise_stable(R, op, split_mode):
     xs = data(R, (3, 5), np.float32)
     for stride, k in GROUPINGS[R]:
         outs = {}
@@ -89,7 +99,7 @@ def test_all_reduce_matches_numpy_and_is_bitwise_stable(R, op):
                 assert res[r].tobytes() == outs[1][r].tobytes(), (W, r)
 
 
-def test_all_reduce_float16_accumulates_in_float32():
+def test_all_reduce_float16_accumulates_in_float32(split_mode):
     R = 8
     xs = [np.full((4,), 1000.0, np.float16)] + [np.full((4,), 0.3, np.float16)] * 7
     res = run_workers(R, 2, lambda c, reps: c.all_reduce([xs[r] for r in reps], "add", 1, 8))
@@ -99,7 +109,7 @@ def test_all_reduce_float16_accumulates_in_float32():
 
 
 @pytest.mark.parametrize("R,W", [(4, 2), (8, 4), (8, 3), (2, 2)])
-def test_int_and_bool_reductions(R, W):
+def test_int_and_bool_reductions(R, W, split_mode):
     xs = data(R, (6,), np.int32, seed=3)
     res = run_workers(R, W, lambda c, reps: c.all_reduce([xs[r] for r in reps], "add", 1, R))
     np.testing.assert_array_equal(res[R - 1], np.sum(xs, axis=0))
@@ -152,3 +162,19 @@ def test_layout_blocks():
     assert Layout(8, 3).blocks == [(0, 3), (3, 6), (6, 8)]
     assert Layout(2, 4).num_workers == 2
     assert Layout(4, 2).worker_of(3) == 1
+
+
+@pytest.mark.parametrize("R,W", [(2, 2), (4, 2), (8, 3), (4, 4)])
+def test_large_in_place_all_reduce_is_bitwise_the_single_worker_result(R, W):
+    """Arrays above the split threshold, reduced in place into the inputs."""
+    n = comm_module._SPLIT_MIN + 7
+    base = data(R, (n,), np.float32, seed=5)
+    want = run_workers(R, 1, lambda c, reps: c.all_reduce([base[r].copy() for r in reps],
+                                                          "mean", 1, R))
+    xs = [x.copy() for x in base]
+    got = run_workers(R, W, lambda c, reps: c.all_reduce([xs[r] for r in reps], "mean", 1, R,
+                                                         out=[xs[r] for r in reps]))
+    for r in range(R):
+        assert got[r] is xs[r]
+        assert got[r].tobytes() == want[r].tobytes()
+    np.testing.assert_allclose(xs[0], np.mean(base, axis=0), rtol=1e-5, atol=1e-6)
