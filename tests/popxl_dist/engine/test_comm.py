@@ -178,3 +178,22 @@ def test_large_in_place_all_reduce_is_bitwise_the_single_worker_result(R, W):
         assert got[r] is xs[r]
         assert got[r].tobytes() == want[r].tobytes()
     np.testing.assert_allclose(xs[0], np.mean(base, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_silent_peer_times_out_instead_of_hanging():
+    from popxl.errors import CollectiveTimeout
+
+    transport = MailboxTransport(0, Mailbox(), lambda *a: None, timeout=0.3)
+    comm = Communicator(Layout(2, 2), 0, transport)
+    with pytest.raises(CollectiveTimeout, match=r"no data from worker\(s\) \[1\]"):
+        comm.all_reduce([np.ones(3, np.float32)], "add", 1, 2)
+
+
+def test_inputs_are_not_modified_by_out_of_place_collectives():
+    xs = data(4, (8,), np.float32, seed=9)
+    before = [x.copy() for x in xs]
+    run_workers(4, 2, lambda c, reps: c.all_reduce([xs[r] for r in reps], "add", 1, 4))
+    run_workers(4, 2, lambda c, reps: c.reduce_scatter([xs[r] for r in reps], "add", 1, 4))
+    run_workers(4, 2, lambda c, reps: c.all_gather([xs[r] for r in reps], 2, 2))
+    for x, b in zip(xs, before):
+        np.testing.assert_array_equal(x, b)
