@@ -1,37 +1,295 @@
-"""Remote buffers and remote / replica-sharded variables.
+"""Remote buffers and remote / replica-sharded (RTS) variables.
 
-Not implemented yet: they arrive with the remote-buffers issue. Each entry point raises
-NotImplementedError naming what is missing, so programs fail at the call that needs them.
+Every replica owns its own copy of each buffer: `entries` slots of `tensor_shape` in the memory of
+the worker that holds the replica. A remote variable lives in one entry of a buffer; an RTS
+variable is stored as one 1-D shard per replica (`shard_over` shards per variable group, the
+data flattened, zero-padded to `shard_over * ceil(n / shard_over)` and cut into contiguous
+chunks: member i of a variable group holds shard `i % shard_over`).
 """
 from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from . import dtypes
+from ._ir.records import TensorKind
+from .context import _execution_context, gcg
+from .tensor import (HostTensor, Tensor, Variable, _check_float8_args, _host_array, _new_tensor)
 
 __all__ = ["RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_sharded_variable",
            "replica_sharded_variable", "replica_sharded_buffer"]
 
-_MSG = ("{name} is not implemented yet in popxl-dist: remote buffers, remote variables and "
-        "replicated tensor sharding arrive with the remote-buffers issue")
-
 
 class RemoteBuffer:
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(_MSG.format(name="RemoteBuffer"))
+    """`entries` slots of `tensor_shape` / `tensor_dtype` per replica, in streaming memory.
+
+    Must be created inside a graph context (it belongs to the current Ir).
+    """
+
+    def __init__(self, tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype,
+                 entries: int = 1):
+        ir = gcg().ir
+        if not isinstance(entries, int) or entries < 1:
+            raise ValueError(f"RemoteBuffer: entries must be an int >= 1, got {entries!r}")
+        shape = tuple(int(d) for d in tensor_shape)
+        if any(d < 0 for d in shape):
+            raise ValueError(f"RemoteBuffer: tensor_shape must be non-negative, got {shape}")
+        data = ir._data
+        self._ir = ir
+        self._id = data.next_remote_buffer_id
+        data.next_remote_buffer_id += 1
+        data.remote_buffers[self._id] = {"shape": shape,
+                                         "dtype": dtypes.dtype.as_dtype(tensor_dtype),
+                                         "entries": entries, "meta_shape": ()}
+
+    @property
+    def _record(self) -> Dict[str, Any]:
+        return self._ir._data.remote_buffers[self._id]
+
+    @property
+    def remote_buffer_id(self) -> int:
+        return self._id
+
+    @property
+    def tensor_shape(self) -> Tuple[int, ...]:
+        return self._record["shape"]
+
+    @property
+    def tensor_dtype(self) -> dtypes.dtype:
+        return self._record["dtype"]
+
+    @property
+    def entries(self) -> int:
+        return self._record["entries"]
+
+    @entries.setter
+    def entries(self, value: int) -> None:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"RemoteBuffer: entries must be an int >= 1, got {value!r}")
+        self._check_mutable("entries")
+        self._record["entries"] = value
+
+    @property
+    def meta_shape(self) -> Tuple[int, ...]:
+        return self._record["meta_shape"]
+
+    @meta_shape.setter
+    def meta_shape(self, shape: Tuple[int, ...]) -> None:
+        self._check_mutable("meta_shape")
+        self._record["meta_shape"] = tuple(int(d) for d in shape)
+
+    def _check_mutable(self, what: str) -> None:
+        if getattr(self._ir, "_prepared", False):
+            raise ValueError(f"RemoteBuffer {self._id}: cannot change {what} after a Session was "
+                             f"created for its Ir")
+
+    def validate_tensor_matches_buffer(self, t: Tensor, num_shards: int = 1) -> None:
+        """Raise ValueError unless `t` has the buffer's shape (or, for `num_shards` > 1, its
+        sharded shape) and dtype."""
+        shape = self.tensor_shape
+        if num_shards > 1:
+            shape = (math.ceil(int(np.prod(shape)) / num_shards),)
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"Tensor '{t.id}' has shape {t.shape}, which does not match remote "
+                             f"buffer {self._id} (shape {shape})")
+        if t.dtype != self.tensor_dtype:
+            raise ValueError(f"Tensor '{t.id}' has dtype {t.dtype.name}, which does not match "
+                             f"remote buffer {self._id} (dtype {self.tensor_dtype.name})")
+
+    def __hash__(self) -> int:
+        return hash((id(self._ir), self._id))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, RemoteBuffer) and other._ir is self._ir
+                and other._id == self._id)
+
+    def __repr__(self) -> str:
+        return (f"RemoteBuffer(id={self._id}, tensor_shape={self.tensor_shape}, "
+                f"tensor_dtype={self.tensor_dtype.name}, entries={self.entries}"
+                + (f", meta_shape={self.meta_shape}" if self.meta_shape else "") + ")")
 
 
-def remote_buffer(*args, **kwargs):
-    raise NotImplementedError(_MSG.format(name="remote_buffer"))
+def remote_buffer(tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype,
+                  entries: int = 1) -> RemoteBuffer:
+    """A new remote buffer of the current Ir."""
+    return RemoteBuffer(tensor_shape, tensor_dtype, entries)
 
 
-def remote_variable(*args, **kwargs):
-    raise NotImplementedError(_MSG.format(name="remote_variable"))
+# --- variables -----------------------------------------------------------------------------
+def _check_buffer(buf: Any, what: str) -> RemoteBuffer:
+    if not isinstance(buf, RemoteBuffer):
+        raise TypeError(f"{what}: remote_buffer must be a popxl.RemoteBuffer, got "
+                        f"{type(buf).__name__}")
+    if buf._ir is not gcg().ir:
+        raise ValueError(f"{what}: remote buffer {buf.remote_buffer_id} belongs to another Ir")
+    return buf
 
 
-def remote_replica_sharded_variable(*args, **kwargs):
-    raise NotImplementedError(_MSG.format(name="remote_replica_sharded_variable"))
+def _group_data(arr: np.ndarray, rg, name: str, what: str) -> Tuple[int, ...]:
+    """The per-group shape of variable data (with a leading group axis for G > 1 groups)."""
+    if rg is not None and rg.num_groups > 1:
+        if arr.ndim == 0 or arr.shape[0] != rg.num_groups:
+            raise ValueError(f"{what} '{name}': with a replica grouping of {rg.num_groups} "
+                             f"groups the data needs a leading group axis of size "
+                             f"{rg.num_groups}, got shape {arr.shape}")
+        return tuple(arr.shape[1:])
+    return tuple(arr.shape)
 
 
-def replica_sharded_variable(*args, **kwargs):
-    raise NotImplementedError(_MSG.format(name="replica_sharded_variable"))
+def _new_variable(what: str, data, dtype, name, downcast, replica_grouping, retrieval_mode,
+                  shape_of, extra: Dict[str, Any], meta_shape=()) -> Variable:
+    g = gcg()
+    if g is not g.ir.main_graph:
+        raise ValueError(f"{what}: variables can only be created in the main graph, the "
+                         f"current graph is '{g.id}'")
+    arr = _host_array(data, dtype, downcast, what)
+    rg = replica_grouping
+    if rg is not None and rg._ir is not g.ir:
+        raise ValueError(f"{what}: the replica grouping belongs to another Ir")
+    mode = retrieval_mode or "one_per_group"
+    if mode not in ("one_per_group", "all_replicas"):
+        raise ValueError(f"{what}: retrieval_mode must be 'one_per_group' or 'all_replicas', "
+                         f"got {mode!r}")
+    shape = _group_data(arr, rg, name or "t", what)
+    shape_of(shape, dtypes.dtype.as_dtype(arr.dtype))
+    info = _new_tensor(g, name, shape, dtypes.dtype.as_dtype(arr.dtype), TensorKind.VARIABLE,
+                       meta_shape=meta_shape if meta_shape else (), data=arr,
+                       extra={"replica_grouping": rg, "retrieval_mode": mode, **extra})
+    return g._tensor(info.id)
 
 
-def replica_sharded_buffer(*args, **kwargs):
-    raise NotImplementedError(_MSG.format(name="replica_sharded_buffer"))
+def _check_offset(buf: RemoteBuffer, offset: int, what: str) -> int:
+    if not isinstance(offset, (int, np.integer)) or not 0 <= int(offset) < buf.entries:
+        raise ValueError(f"{what}: offset must be an int in [0, {buf.entries}) for remote "
+                         f"buffer {buf.remote_buffer_id} with {buf.entries} entries, got "
+                         f"{offset!r}")
+    return int(offset)
+
+
+def remote_variable(data: HostTensor, remote_buffer: RemoteBuffer, offset: int = 0,
+                    dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
+                    downcast: bool = True, replica_grouping=None,
+                    retrieval_mode: Optional[str] = "one_per_group", log2_scale=None,
+                    nan_on_overflow=None) -> Variable:
+    """A variable whose home is entry `offset` of `remote_buffer` (bring it on chip with
+    `ops.remote_load`). With G > 1 groups, `data` has a leading group axis."""
+    _check_float8_args(dtype, log2_scale, nan_on_overflow, "remote_variable")
+    buf = _check_buffer(remote_buffer, "remote_variable")
+    off = _check_offset(buf, offset, "remote_variable")
+
+    def check(shape, dt):
+        if shape != buf.tensor_shape or dt != buf.tensor_dtype:
+            raise ValueError(f"remote_variable '{name or 't'}': data of shape {shape} and dtype "
+                             f"{dt.name} does not match remote buffer {buf.remote_buffer_id} "
+                             f"(shape {buf.tensor_shape}, dtype {buf.tensor_dtype.name})")
+
+    return _new_variable("remote_variable", data, dtype, name, downcast, replica_grouping,
+                         retrieval_mode, check, {"remote": (buf.remote_buffer_id, off)})
+
+
+def _shard_over(rg, shard_over: Optional[int], ir, what: str) -> int:
+    group_size = rg.group_size if rg is not None else ir.replication_factor
+    k = group_size if shard_over is None else shard_over
+    if not isinstance(k, (int, np.integer)) or k < 1 or k > group_size or group_size % k:
+        raise ValueError(f"{what}: shard_over must divide the replica group size "
+                         f"{group_size} (and be at most that), got {shard_over!r}")
+    return int(k)
+
+
+def replica_sharded_buffer(shape: Tuple[int, ...], dtype: dtypes.dtype, replica_grouping=None,
+                           shard_over: Optional[int] = None, entries: int = 1) -> RemoteBuffer:
+    """A buffer for RTS variables of full `shape` (with the group axis first when the grouping
+    has several groups): each entry holds one 1-D shard per replica."""
+    ir = gcg().ir
+    rg = replica_grouping
+    if rg is not None and not rg.is_const:
+        rg = rg.const_rg
+    k = _shard_over(rg, shard_over, ir, "replica_sharded_buffer")
+    shape = tuple(int(d) for d in shape)
+    per_group = shape[1:] if rg is not None and rg.num_groups > 1 else shape
+    n = int(np.prod(per_group, dtype=np.int64))
+    buf = RemoteBuffer((math.ceil(n / k),), dtype, entries)
+    buf.meta_shape = per_group
+    return buf
+
+
+def remote_replica_sharded_variable(data: HostTensor, remote_buffer: RemoteBuffer,
+                                    offset: int = 0, dtype: Optional[dtypes.dtype] = None,
+                                    name: Optional[str] = None, downcast: bool = True,
+                                    replica_grouping=None,
+                                    retrieval_mode: Optional[str] = "one_per_group",
+                                    log2_scale=None, nan_on_overflow=None) -> Variable:
+    """An RTS variable stored in entry `offset` of `remote_buffer`: one shard per replica.
+    Its `.shape` is the full (unsharded) per-group shape."""
+    _check_float8_args(dtype, log2_scale, nan_on_overflow, "remote_replica_sharded_variable")
+    what = "remote_replica_sharded_variable"
+    ir = gcg().ir
+    if ir.replication_factor <= 1:
+        raise ValueError(f"{what}: replicated tensor sharding needs a replication factor > 1, "
+                         f"the Ir has {ir.replication_factor}")
+    buf = _check_buffer(remote_buffer, what)
+    off = _check_offset(buf, offset, what)
+    info: Dict[str, Any] = {}
+
+    def check(shape, dt):
+        if buf.meta_shape and tuple(buf.meta_shape) != shape:
+            raise ValueError(f"{what} '{name or 't'}': data of per-group shape {shape} does not "
+                             f"match the meta_shape {buf.meta_shape} of remote buffer "
+                             f"{buf.remote_buffer_id}")
+        n = int(np.prod(shape, dtype=np.int64))
+        shard = buf.tensor_shape
+        if len(shard) != 1 or shard[0] < 1:
+            raise ValueError(f"{what}: remote buffer {buf.remote_buffer_id} must hold 1-D "
+                             f"shards, its tensor shape is {shard}")
+        k = math.ceil(n / shard[0]) if n else 1
+        if math.ceil(n / k) != shard[0]:
+            raise ValueError(f"{what} '{name or 't'}': {n} elements cannot be cut into shards of "
+                             f"{shard[0]} (remote buffer {buf.remote_buffer_id})")
+        if dt != buf.tensor_dtype:
+            raise ValueError(f"{what} '{name or 't'}': dtype {dt.name} does not match remote "
+                             f"buffer {buf.remote_buffer_id} (dtype {buf.tensor_dtype.name})")
+        rg = replica_grouping
+        group_size = rg.group_size if rg is not None else ir.replication_factor
+        if group_size % k:
+            raise ValueError(f"{what} '{name or 't'}': {k} shards do not divide the replica "
+                             f"group size {group_size}")
+        if not buf.meta_shape:
+            buf.meta_shape = shape
+        info["k"] = k
+        info["shape"] = shape
+
+    holder: Dict[str, Any] = {"remote": (buf.remote_buffer_id, off), "sharded": True}
+    var = _new_variable(what, data, dtype, name, downcast, replica_grouping, retrieval_mode,
+                        check, holder)
+    var._info.extra["shard_over"] = info["k"]
+    var._info.meta_shape = tuple(info["shape"])
+    return var
+
+
+def replica_sharded_variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None,
+                             name: Optional[str] = None, downcast: bool = True,
+                             replica_grouping=None, shard_over: Optional[int] = None,
+                             retrieval_mode: Optional[str] = "one_per_group", log2_scale=None,
+                             nan_on_overflow=None) -> Tuple[Variable, Tensor]:
+    """An RTS variable and its on-device shard: the shard is loaded from the variable's buffer
+    in the WeightsFromHost fragment, stored back in WeightsToHost, and persists across runs.
+    Returns `(variable, shard)`."""
+    from . import ops
+
+    _check_float8_args(dtype, log2_scale, nan_on_overflow, "replica_sharded_variable")
+    g = gcg()
+    if g is not g.ir.main_graph:
+        raise ValueError("replica_sharded_variable: variables can only be created in the main "
+                         f"graph, the current graph is '{g.id}'")
+    arr = _host_array(data, dtype, downcast, "replica_sharded_variable")
+    buf = replica_sharded_buffer(arr.shape, dtypes.dtype.as_dtype(arr.dtype), replica_grouping,
+                                 shard_over)
+    var = remote_replica_sharded_variable(arr, buf, 0, None, name, downcast, replica_grouping,
+                                          retrieval_mode)
+    with _execution_context("WeightsFromHostFragment"):
+        shard = ops.remote_load(buf, 0, f"{name or var.name}_rts")
+    with _execution_context("WeightsToHostFragment"):
+        ops.remote_store(buf, 0, shard)
+    return var, shard

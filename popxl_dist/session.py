@@ -301,3 +301,12 @@ class Session:
                 self._host_weights[tid] = arr.copy()
         if self._attached:
             self._runtime.write_variables({t: self._host_weights[t] for t in updates})
+            if any(self._variables[t].extra.get("sharded") for t in updates):
+                # RTS shards on the device are loaded from their buffers by this fragment.
+                self._runtime.run_fragment("weights_from_host")
+
+    def device_memory_report(self):
+        """popxl-dist extension: bytes of device memory (on-chip variables, RTS shards, remote
+        buffers) of the first replica of each worker, as a list of dicts. Requires attach."""
+        self._require_attached()
+        return self._runtime.memory_report()

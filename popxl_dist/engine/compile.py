@@ -95,10 +95,16 @@ class Program:
         load_all()
         self.ir = ir
         main = ir.main
+        # Device state: on-chip variables, plus tensors the WeightsFromHost fragment produces
+        # for the rest of the program (RTS shards). Remote variables live in remote buffers.
         self.state_ids: List[str] = [t for t, i in main.tensors.items()
-                                     if i.kind == TensorKind.VARIABLE]
+                                     if i.kind == TensorKind.VARIABLE
+                                     and "remote" not in (i.extra or {})]
+        self._check_remote_variables_unused(main)
+        used_outside = {t for op in main.ops if op.exec_ctx != "WeightsFromHostFragment"
+                        for t in op.inputs}
         fragment_outs = [o for op in main.ops if op.exec_ctx == "WeightsFromHostFragment"
-                         for o in op.outputs]
+                         for o in op.outputs if o in used_outside]
         self.state_ids += [o for o in fragment_outs if o not in self.state_ids]
         self.state_index = {t: i for i, t in enumerate(self.state_ids)}
         self.h2d_streams, self.d2h_streams = stream_slots(ir)
@@ -108,6 +114,19 @@ class Program:
         self.main = self._compile_main("Normal")
         self.weights_from_host = self._compile_main("WeightsFromHostFragment")
         self.weights_to_host = self._compile_main("WeightsToHostFragment")
+
+    @staticmethod
+    def _check_remote_variables_unused(main: GraphData) -> None:
+        remote = {t for t, i in main.tensors.items()
+                  if i.kind == TensorKind.VARIABLE and "remote" in (i.extra or {})}
+        for op in main.ops:
+            for t in op.inputs:
+                if t in remote:
+                    buf = main.tensors[t].extra["remote"][0]
+                    raise ValueError(
+                        f"{op.describe()} reads remote variable '{t}' directly; it lives in "
+                        f"remote buffer {buf}: bring it on chip with ops.remote_load (or use "
+                        f"the shard returned by popxl.replica_sharded_variable)")
 
     # --- public ------------------------------------------------------------------------
     def graph(self, gid: str) -> CompiledGraph:

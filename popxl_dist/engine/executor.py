@@ -10,12 +10,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._ir.records import IrData
+from .._ir.records import IrData, TensorKind
 from ..errors import EngineError, RunAborted, WorkerError
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
 
-__all__ = ["ReplicaContext", "Worker", "group_layout"]
+__all__ = ["ReplicaContext", "Worker", "group_layout", "shard_of", "unshard"]
 
 
 class ReplicaContext:
@@ -46,6 +46,26 @@ class ReplicaContext:
         chunks[k % len(chunks)][...] = value
 
 
+def shard_of(value: np.ndarray, info, replica: int, size: int) -> np.ndarray:
+    """Replica `replica`'s 1-D shard of an RTS variable's per-group `value`: the data flattened,
+    zero-padded to `shard_over * size`, chunk `index_in_group % shard_over`."""
+    rg = info.extra.get("replica_grouping")
+    i = rg.index_in_group(replica) if rg is not None else replica
+    k = info.extra["shard_over"]
+    flat = np.asarray(value).reshape(-1)
+    j = i % k
+    out = np.zeros((size,), dtype=info.dtype.as_numpy())
+    part = flat[j * size:(j + 1) * size]
+    out[:part.size] = part
+    return out
+
+
+def unshard(shards: Sequence[np.ndarray], shape: Tuple[int, ...]) -> np.ndarray:
+    """The full value from shards 0..k-1 in order (padding dropped)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    return np.concatenate([np.asarray(s).reshape(-1) for s in shards])[:n].reshape(shape)
+
+
 def group_layout(info, replication_factor: int) -> Tuple[object, int]:
     """(grouping, number of groups) of a variable TensorInfo."""
     rg = info.extra.get("replica_grouping")
@@ -70,12 +90,18 @@ class Worker:
         p = self.program
         self.ctxs = [ReplicaContext(r, len(p.state_ids), len(p.h2d_streams), len(p.d2h_streams))
                      for r in self.replicas]
+        for ctx in self.ctxs:
+            for bid, rec in ir.remote_buffers.items():
+                # Entries not tied to a variable start at zero (undefined upstream).
+                ctx.remote[bid] = np.zeros((rec["entries"], *rec["shape"]),
+                                           rec["dtype"].as_numpy())
         self._single = len(self.ctxs) == 1
 
     # --- weights -----------------------------------------------------------------------
     def write_weights(self, values: Dict[str, np.ndarray]) -> None:
         """Copy host values (upstream's host layout: `(G, *shape)` for G > 1 groups, or
-        `(R, *shape)` for `all_replicas` variables) into the replicas' variables."""
+        `(R, *shape)` for `all_replicas` variables) into the replicas' variables: on-chip state,
+        a remote buffer entry, or this replica's shard of an RTS variable."""
         idx = self.program.state_index
         main = self.ir.main
         n_replicas = self.ir.replication_factor
@@ -86,28 +112,58 @@ class Worker:
             per_replica = (info.extra.get("retrieval_mode") == "all_replicas"
                            and (rg is None or rg.group_size > 1)
                            and host.shape == (n_replicas, *info.shape))
+            remote = info.extra.get("remote")
             for ctx in self.ctxs:
                 if per_replica:
                     src = host[ctx.replica]
                 else:
                     src = host[rg.group_of(ctx.replica)] if groups > 1 else host
+                if remote is not None:
+                    entry = ctx.remote[remote[0]][remote[1]]
+                    if info.extra.get("sharded"):
+                        entry[...] = shard_of(src, info, ctx.replica, entry.shape[0])
+                    else:
+                        entry[...] = src
+                    continue
                 cur = ctx.state[idx[tid]]
                 if cur is None or cur.shape != info.shape:
                     ctx.state[idx[tid]] = np.array(src, dtype=info.dtype.as_numpy(), copy=True)
                 else:
                     cur[...] = src
 
+    def _stored(self, ctx: ReplicaContext, tid: str) -> np.ndarray:
+        """Where variable `tid` lives on replica `ctx` (an RTS variable: this replica's shard)."""
+        info = self.ir.main.tensors[tid]
+        remote = info.extra.get("remote")
+        if remote is not None:
+            return ctx.remote[remote[0]][remote[1]]
+        return ctx.state[self.program.state_index[tid]]
+
     def read_weights(self, tids: Sequence[str]) -> Dict[str, List[np.ndarray]]:
-        """Each variable's value on each local replica (copies)."""
-        idx = self.program.state_index
-        return {t: [ctx.state[idx[t]].copy() for ctx in self.ctxs] for t in tids}
+        """Each variable's stored value on each local replica (copies; shards for RTS)."""
+        return {t: [self._stored(ctx, t).copy() for ctx in self.ctxs] for t in tids}
 
     def read_replicas(self, wanted: Dict[str, Sequence[int]]) -> Dict[str, Dict[int, np.ndarray]]:
-        """`{tid: {replica: value}}` for the (local, global-index) replicas asked for (copies)."""
-        idx = self.program.state_index
+        """`{tid: {replica: stored value}}` for the (local, global-index) replicas asked for
+        (copies; an RTS variable gives the replica's shard)."""
         first = self.replicas[0]
-        return {t: {r: self.ctxs[r - first].state[idx[t]].copy() for r in rs}
+        return {t: {r: self._stored(self.ctxs[r - first], t).copy() for r in rs}
                 for t, rs in wanted.items()}
+
+    def memory_report(self) -> Dict[str, int]:
+        """Bytes of device memory of this worker's first replica, by kind."""
+        ctx = self.ctxs[0]
+        main = self.ir.main
+        on_chip = rts = 0
+        for tid, arr in zip(self.program.state_ids, ctx.state):
+            if arr is None:
+                continue
+            if main.tensors[tid].kind == TensorKind.VARIABLE:
+                on_chip += arr.nbytes
+            else:
+                rts += arr.nbytes
+        return {"replica": ctx.replica, "variables": on_chip, "rts_shards": rts,
+                "remote_buffers": sum(a.nbytes for a in ctx.remote.values())}
 
     def run_fragment(self, which: str) -> None:
         cg = getattr(self.program, which)

@@ -1,13 +1,53 @@
 """The interface a Session drives; each backend implements it."""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from .._ir.records import IrData, TensorKind
 
-__all__ = ["Runtime", "to_host_layout"]
+__all__ = ["Runtime", "to_host_layout", "needed_replicas", "host_value"]
+
+
+def _members(ir: IrData, rg, r: int) -> List[int]:
+    return rg.members(rg.group_of(r)) if rg is not None else list(range(ir.replication_factor))
+
+
+def needed_replicas(ir: IrData, tid: str) -> List[int]:
+    """The replicas whose stored value of variable `tid` makes up its host value (for an RTS
+    variable: the shard holders of each group's first block)."""
+    info = ir.main.tensors[tid]
+    rg = info.extra.get("replica_grouping")
+    mode = info.extra.get("retrieval_mode", "one_per_group")
+    R = ir.replication_factor
+    if mode == "all_replicas" and R > 1:
+        return list(range(R))
+    firsts = [0] if rg is None else [rg.members(g)[0] for g in range(rg.num_groups)]
+    if info.extra.get("sharded"):
+        k = info.extra["shard_over"]
+        return sorted(m for f in firsts for m in _members(ir, rg, f)[:k])
+    return firsts
+
+
+def host_value(ir: IrData, tid: str, per_replica: List[Optional[np.ndarray]]) -> np.ndarray:
+    """The host value of variable `tid` from the stored values read from `needed_replicas`
+    (`per_replica[r]`, None where not read): RTS shards are put back together first."""
+    from ..engine.executor import unshard
+
+    info = ir.main.tensors[tid]
+    if info.extra.get("sharded"):
+        rg = info.extra.get("replica_grouping")
+        k = info.extra["shard_over"]
+        full: List[Optional[np.ndarray]] = [None] * len(per_replica)
+        for r in range(len(per_replica)):
+            mem = _members(ir, rg, r)
+            blk = mem.index(r) // k
+            holders = mem[blk * k:(blk + 1) * k]
+            if all(per_replica[h] is not None for h in holders):
+                full[r] = unshard([per_replica[h] for h in holders], info.shape)
+        per_replica = full
+    return to_host_layout(ir, tid, per_replica)
 
 
 def to_host_layout(ir: IrData, tid: str, per_replica: Sequence[np.ndarray]) -> np.ndarray:
@@ -59,3 +99,7 @@ class Runtime:
 
     def close(self) -> None:
         """Free the workers' copy of this program (called when the Session is collected)."""
+
+    def memory_report(self) -> List[Dict[str, int]]:
+        """Device bytes by kind of the first replica of each worker."""
+        raise NotImplementedError

@@ -2,13 +2,13 @@
 works). With POPXL_WORKERS > 1 the local backend uses worker threads instead (`threads.py`)."""
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from .._ir.records import IrData
 from ..engine.executor import Worker
-from .base import Runtime, to_host_layout
+from .base import Runtime, host_value, needed_replicas
 
 __all__ = ["LocalRuntime"]
 
@@ -30,8 +30,18 @@ class LocalRuntime(Runtime):
         self.worker.run_fragment(which)
 
     def read_variables(self, tids: Sequence[str]) -> Dict[str, np.ndarray]:
-        per = self.worker.read_weights(tids)
-        return {t: to_host_layout(self.ir, t, v) for t, v in per.items()}
+        wanted = {t: needed_replicas(self.ir, t) for t in tids}
+        got = self.worker.read_replicas(wanted)
+        out = {}
+        for t, by_r in got.items():
+            per_replica: List[Optional[np.ndarray]] = [None] * self.ir.replication_factor
+            for r, v in by_r.items():
+                per_replica[r] = v
+            out[t] = host_value(self.ir, t, per_replica)
+        return out
+
+    def memory_report(self) -> List[Dict[str, int]]:
+        return [self.worker.memory_report()]
 
     def write_variables(self, values: Dict[str, np.ndarray]) -> None:
         self.worker.write_weights(values)

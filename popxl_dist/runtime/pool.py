@@ -12,9 +12,9 @@ from .._ir.records import IrData
 from ..engine.comm import Layout
 from ..engine.compile import stream_slots
 from ..errors import WorkerDied
-from .base import Runtime, to_host_layout
+from .base import Runtime, host_value, needed_replicas
 
-__all__ = ["WorkerPool", "PoolRuntime", "needed_replicas"]
+__all__ = ["WorkerPool", "PoolRuntime"]
 
 
 class WorkerPool:
@@ -39,19 +39,6 @@ class WorkerPool:
     def close_session(self, sid: int) -> None:
         if not self.closed:
             self.call(sid, "close", [None] * self.size)
-
-
-def needed_replicas(ir: IrData, tid: str) -> List[int]:
-    """The replicas whose value of variable `tid` makes up its host value."""
-    info = ir.main.tensors[tid]
-    rg = info.extra.get("replica_grouping")
-    mode = info.extra.get("retrieval_mode", "one_per_group")
-    R = ir.replication_factor
-    if mode == "all_replicas" and R > 1:
-        return list(range(R))
-    if rg is None:
-        return [0]
-    return [rg.members(g)[0] for g in range(rg.num_groups)]
 
 
 class PoolRuntime(Runtime):
@@ -104,10 +91,13 @@ class PoolRuntime(Runtime):
             for t, by_r in res.items():
                 for r, v in by_r.items():
                     per_replica[t][r] = v
-        return {t: to_host_layout(self.ir, t, per_replica[t]) for t in tids}
+        return {t: host_value(self.ir, t, per_replica[t]) for t in tids}
 
     def write_variables(self, values: Dict[str, np.ndarray]) -> None:
         self._call("write", [values] * self.num_workers)
+
+    def memory_report(self) -> List[Dict[str, int]]:
+        return self._call("memory", [None] * self.num_workers)
 
     def close(self) -> None:
         if not self._closed:

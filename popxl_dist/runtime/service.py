@@ -51,6 +51,8 @@ class WorkerService:
         if cmd == "write":
             worker.write_weights(payload)
             return None
+        if cmd == "memory":
+            return worker.memory_report()
         raise ValueError(f"worker {self.index}: unknown command {cmd!r}")
 
     def open(self, sid: int, ir, layout: Layout) -> None:

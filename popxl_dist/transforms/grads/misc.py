@@ -12,7 +12,7 @@ __all__: list = []   # registrations only
 Grads = List[Optional[Tensor]]
 
 # Upstream: IpuCopy and IoTileCopy have no C++ grad op; var_updates are modifying (no grad).
-no_grad("IpuCopy", "IoTileCopy", "RemoteCodeLoad",
+no_grad("IpuCopy", "IoTileCopy", "RemoteCodeLoad", "RemoteLoad", "RemoteLoadInplace", "RemoteStore",
         "Accumulate", "AccumulatorScale", "SparseAccumulate", "CopyVarUpdate",
         "AdamUpdater", "LambUpdater", "AdaMaxUpdater", "AdamVarUpdate")
 
