@@ -395,12 +395,7 @@ class Communicator:
         dtype = values[0].dtype
         acc = _acc_dtype(dtype, op)
         combine = _COMBINE[op]
-
-        def leaf(x: np.ndarray) -> np.ndarray:
-            if op == "square_add":
-                x = x.astype(acc) if x.dtype != acc else x
-                return np.multiply(x, x)
-            return x.astype(acc) if x.dtype != acc else x
+        leaf = _leaf_fn(op, acc)
 
         def cols(x: np.ndarray, a: int, b: int) -> np.ndarray:
             return x if chunk is None else x[a * chunk:b * chunk]
@@ -430,8 +425,8 @@ class Communicator:
                     rshape = shape
                 else:
                     # Send the peer only the columns of the chunks its members keep.
-                    full = [self._partial_cols(grp, node, known, combine, values, leaf, pa, pb,
-                                               chunk) for node in mine]
+                    full = [self._node_on_cols(grp, node, values, leaf, combine, pa * chunk,
+                                               pb * chunk) for node in mine]
                     sends.setdefault(p, []).extend(full)
                     rshape = ((b - a) * chunk,)
                 for _node in cover(k, pa, pb):
@@ -449,12 +444,7 @@ class Communicator:
             a, b = grp.local
             if out is not None and acc == dtype and chunk is None:
                 first = out[self._pos[grp.members[a]]]
-                total = tree.into(first)
-                if op == "mean":
-                    if np.issubdtype(acc, np.integer):
-                        np.copyto(first, (first / k).astype(acc))
-                    else:
-                        np.divide(first, np.asarray(k, dtype=acc), out=first)
+                _finish_mean(tree.into(first), op, k, acc, inplace=True)
                 for i in range(a, b):
                     dest = out[self._pos[grp.members[i]]]
                     if dest is not first:
@@ -462,12 +452,8 @@ class Communicator:
                     results[self._pos[grp.members[i]]] = dest
                 continue
             total = tree.value(0, k)
-            if op == "mean" and np.issubdtype(acc, np.integer):
-                total = (total / k).astype(acc)     # truncates towards zero
-                tree.owned.add(id(total))
-            elif op == "mean":
-                total = np.divide(total, np.asarray(k, dtype=acc),
-                                  out=total if id(total) in tree.owned else None)
+            if op == "mean":         # a fresh array, or the owned total divided in place
+                total = _finish_mean(total, op, k, acc, inplace=id(total) in tree.owned)
                 tree.owned.add(id(total))
             if total.dtype != dtype:
                 total = total.astype(dtype)
@@ -486,16 +472,6 @@ class Communicator:
                     part = total if i == a else total.copy()
                 results[self._pos[grp.members[i]]] = part
         return results  # type: ignore[return-value]
-
-    def _partial_cols(self, grp, node, known, combine, values, leaf, pa, pb, chunk):
-        """Partial value of `node` restricted to the chunk columns of member positions [pa, pb)."""
-        lo, hi = node
-        srcs = [values[self._pos[grp.members[i]]][pa * chunk:pb * chunk] for i in range(lo, hi)]
-        sub = {(lo + n, lo + n + 1): leaf(x) for n, x in enumerate(srcs)}
-        # A tree over the column slice: same node order, so the same bits per element.
-        fresh = {id(v) for v, x in zip(sub.values(), srcs) if v is not x}
-        tree = _Tree(combine, sub, fresh)
-        return tree.value(lo, hi)
 
     # --- gathers -----------------------------------------------------------------------
     def all_gather(self, values: Sequence[np.ndarray], stride: int,
