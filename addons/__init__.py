@@ -5,7 +5,7 @@ Import as `import popxl_addons as addons`. Unlike upstream, importing does not n
 cppimport, mpi4py or popdist; `GIT_COMMIT` is read from `.git` directly (or None).
 """
 
-from . import ops, transforms
+from . import ops, remote, rts, transforms
 from .array_munging import *  # noqa: F401,F403
 from .array_munging import __all__ as _am_all
 from .dot_tree import DotTree, sanitise, to_mapping
@@ -15,12 +15,27 @@ from .module import Module, create_grad_graph_info
 from .named_replica_grouping import NamedReplicaGrouping
 from .named_tensors import NamedTensorData, NamedTensors
 from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from .remote import (
+    create_remote_buffer,
+    load_remote_graph,
+    named_buffers,
+    named_variable_buffers,
+    store_remote_graph,
+)
 from .streams import InputStreams, OutputStreams
-from .transforms import (autodiff, autodiff_with_accumulation, recompute_graph,
-                         remap_grad_info)
+from .transforms import (
+    autodiff,
+    autodiff_with_accumulation,
+    recompute_graph,
+    remap_grad_info,
+)
 from .utils import OrderedDict, WeightsDict, timer  # noqa: F811
-from .variable_factory import (NamedVariableFactories, VariableFactory,
-                               add_replica_sharded_variable_input, add_variable_input)
+from .variable_factory import (
+    NamedVariableFactories,
+    VariableFactory,
+    add_replica_sharded_variable_input,
+    add_variable_input,
+)
 
 
 def _git_commit():
@@ -64,5 +79,7 @@ __all__ = [
     "WeightsDict", "DotTree", "to_mapping", "sanitise", "NamedReplicaGrouping",
     "cross_entropy", "cross_entropy_with_grad", "host_load", "host_store", "autodiff",
     "autodiff_with_accumulation", "recompute_graph", "remap_grad_info", "InputStreams",
-    "OutputStreams", "ops", "transforms", "GIT_COMMIT", *_am_all,
+    "OutputStreams", "ops", "transforms", "GIT_COMMIT", "remote", "rts", "load_remote_graph",
+    "store_remote_graph", "named_buffers", "named_variable_buffers", "create_remote_buffer",
+    *_am_all,
 ]

@@ -212,6 +212,9 @@ def replica_sharded_buffer(shape: Tuple[int, ...], dtype: dtypes.dtype, replica_
     n = int(np.prod(per_group, dtype=np.int64))
     buf = RemoteBuffer((math.ceil(n / k),), dtype, entries)
     buf.meta_shape = per_group
+    # The shard length alone does not determine k (e.g. 3 elements over 4 or over 3 replicas
+    # both give shards of 1), so remote_replica_sharded_variable reads it from here.
+    buf._record["shard_over"] = k
     return buf
 
 
@@ -243,15 +246,21 @@ def remote_replica_sharded_variable(data: HostTensor, remote_buffer: RemoteBuffe
         if len(shard) != 1 or shard[0] < 1:
             raise ValueError(f"{what}: remote buffer {buf.remote_buffer_id} must hold 1-D "
                              f"shards, its tensor shape is {shard}")
-        k = math.ceil(n / shard[0]) if n else 1
-        if math.ceil(n / k) != shard[0]:
-            raise ValueError(f"{what} '{name or 't'}': {n} elements cannot be cut into shards of "
-                             f"{shard[0]} (remote buffer {buf.remote_buffer_id})")
         if dt != buf.tensor_dtype:
             raise ValueError(f"{what} '{name or 't'}': dtype {dt.name} does not match remote "
                              f"buffer {buf.remote_buffer_id} (dtype {buf.tensor_dtype.name})")
         rg = replica_grouping
         group_size = rg.group_size if rg is not None else ir.replication_factor
+        k = buf._record.get("shard_over")
+        if k is None:
+            # A plain buffer: the largest shard count dividing the group size that gives
+            # shards of this length (the group size itself when it fits, as the default).
+            fits = [d for d in range(group_size, 0, -1)
+                    if group_size % d == 0 and math.ceil(n / d) == shard[0]]
+            k = fits[0] if fits else max(1, math.ceil(n / shard[0]))
+        if math.ceil(n / k) != shard[0]:
+            raise ValueError(f"{what} '{name or 't'}': {n} elements cannot be cut into "
+                             f"{k} shards of {shard[0]} (remote buffer {buf.remote_buffer_id})")
         if group_size % k:
             raise ValueError(f"{what} '{name or 't'}': {k} shards do not divide the replica "
                              f"group size {group_size}")

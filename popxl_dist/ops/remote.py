@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 from .. import dtypes
 from ..context import gcg
-from ..remote_buffer import RemoteBuffer
+from ..remote_buffer import RemoteBuffer, _check_buffer
 from ..tensor import Tensor, constant
 from ._builder import Out, add_op, check_in_graph, check_tensor
 from .host_io import init
@@ -17,15 +17,6 @@ from .host_io import init
 __all__ = ["remote_load", "remote_load_", "remote_store"]
 
 _OFFSET_DTYPES = (dtypes.int32, dtypes.uint32)
-
-
-def _buffer(buf, opname: str) -> RemoteBuffer:
-    if not isinstance(buf, RemoteBuffer):
-        raise TypeError(f"{opname}: remote_buffer must be a popxl.RemoteBuffer, got "
-                        f"{type(buf).__name__}")
-    if buf._ir is not gcg().ir:
-        raise ValueError(f"{opname}: remote buffer {buf.remote_buffer_id} belongs to another Ir")
-    return buf
 
 
 def _offset(buf: RemoteBuffer, offset: Union[int, Tensor], opname: str) -> Tensor:
@@ -48,7 +39,7 @@ def remote_load(remote_buffer: RemoteBuffer, offset: Union[int, Tensor],
                 name: Optional[str] = None) -> Tensor:
     """Load entry `offset` of this replica's copy of `remote_buffer` (output carries the
     buffer's meta_shape)."""
-    buf = _buffer(remote_buffer, "remote_load")
+    buf = _check_buffer(remote_buffer, "remote_load")
     off = _offset(buf, offset, "remote_load")
     name = name or f"id_{buf.remote_buffer_id}_offset_{off.name}"
     t = init(buf.tensor_shape, buf.tensor_dtype, f"{name}_init", "undef")
@@ -60,7 +51,7 @@ def remote_load(remote_buffer: RemoteBuffer, offset: Union[int, Tensor],
 
 def remote_load_(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Tensor) -> Tensor:
     """Load entry `offset` into `t` in place."""
-    buf = _buffer(remote_buffer, "remote_load_")
+    buf = _check_buffer(remote_buffer, "remote_load_")
     check_tensor(t, "remote_load_", "t")
     check_in_graph(gcg(), t, "remote_load_")
     buf.validate_tensor_matches_buffer(t)
@@ -73,7 +64,7 @@ def remote_load_(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Ten
 
 def remote_store(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Tensor) -> None:
     """Store `t` into entry `offset` of this replica's copy of `remote_buffer`."""
-    buf = _buffer(remote_buffer, "remote_store")
+    buf = _check_buffer(remote_buffer, "remote_store")
     check_tensor(t, "remote_store", "t")
     check_in_graph(gcg(), t, "remote_store")
     buf.validate_tensor_matches_buffer(t)
