@@ -76,7 +76,8 @@ class VariableFactory:
         if self.replica_sharded:
             n = int(np.prod(full))
             self.meta_shape: Tuple[int, ...] = full
-            self.shape: Tuple[int, ...] = (n // self.shard_over,)
+            # ceil, as popxl's RTS buffers: a count that does not divide is zero-padded.
+            self.shape: Tuple[int, ...] = (-(-n // self.shard_over),)
         else:
             self.meta_shape = ()
             self.shape = full

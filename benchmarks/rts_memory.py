@@ -11,7 +11,9 @@ prints the median step time of each, and whether their weights are bitwise equal
     python benchmarks/rts_memory.py [--replicas 2 4] [--steps 5]
     popxl-run --backend mpi --workers 2 benchmarks/rts_memory.py --replicas 4
 
-Figures only; nothing here asserts.
+Figures only; nothing here asserts. Under mpi on a machine with few cores, set
+OPENBLAS_NUM_THREADS=1: each rank's BLAS threads otherwise compete for the cores and step times
+swing between ~0.1 and ~1 s (2 cores, 2 ranks).
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import mnist_data_parallel as dp  # noqa: E402
-import mnist_rts  # noqa: E402
+import mnist_data_parallel as dp
+import mnist_rts
 
 
 def step_times(program, steps: int) -> list[float]:

@@ -31,8 +31,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import popxl
@@ -40,15 +40,15 @@ import popxl_addons as addons
 from popxl import ops
 from popxl_addons.optimizers.adam import AdamOptimizerStep
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mnist_data_parallel as dp  # noqa: E402  (the sibling example, imported by path)
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mnist_data_parallel as dp
 
 IMAGE_SIZE = dp.IMAGE_SIZE
 MOMENTS = ("first_order", "second_order")
 
 
-@dataclass(frozen=True)
-class PersistentTensor:
+class PersistentTensor(NamedTuple):
     """One tensor of per-replica device memory (what `device_memory_report` counts)."""
 
     name: str
@@ -190,7 +190,8 @@ def build_train_program(replicas: int = 4, accumulation: int = 4, micro_batch: i
                        for key in variables.keys_flat()}
             adam_state, opt_calls, moment_facts = _adam_graphs(targets, lr)
             moment_buffers = addons.named_variable_buffers(moment_facts, shard_over_dict=False)
-            moment_vars = _init_moments(moment_facts, moment_buffers)
+            # RTS remote variables for sharded weights' moments, whole ones for the rest.
+            moment_vars = moment_facts.init_remote(moment_buffers, prefix="adam")
             for key, buf in moment_buffers.to_dict().items():
                 persistent.append(PersistentTensor(
                     f"adam.{key}", "remote_buffers", _nbytes(buf.tensor_shape, buf.tensor_dtype),
@@ -241,12 +242,6 @@ def _adam_graphs(targets: dict[str, popxl.Tensor], lr: float):
         calls[key] = (opt_graph, step)
     return (addons.NamedTensors.from_dict(steps), calls,
             addons.NamedVariableFactories.from_dict(moment_facts))
-
-
-def _init_moments(moment_facts: addons.NamedVariableFactories,
-                  buffers: addons.remote.NamedRemoteBuffers) -> addons.NamedTensors:
-    """The moments as remote variables (RTS for sharded weights), named `adam.<key>`."""
-    return moment_facts.init_remote(buffers, prefix="adam")
 
 
 def memory_table(programs: dict[str, RTSTrainProgram]) -> str:

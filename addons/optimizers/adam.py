@@ -30,7 +30,9 @@ class AdamOptimizerStep(Module):
               global_norm_max: Optional[Scalar] = None):
         shape = var.meta_shape or var.shape
         sharded = bool(var.meta_shape)
-        shard_over = int(np.prod(var.meta_shape) // np.prod(var.shape)) if sharded else 1
+        # The fewest shards of var's length covering meta_shape: it gives the same (possibly
+        # zero-padded) shard length whatever shard count the variable itself used.
+        shard_over = int(-(-np.prod(var.meta_shape) // np.prod(var.shape))) if sharded else 1
 
         def state(name: str, dtype: popxl.dtype, shp) -> popxl.Tensor:
             if sharded and shp:
