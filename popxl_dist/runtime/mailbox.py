@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Hashable, Tuple
 
 import numpy as np
 
@@ -25,7 +25,7 @@ class Mailbox:
         self._aborted: Dict[int, str] = {}       # run id -> reason
         self._finished: Dict[int, set] = {}      # run id -> workers that finished that run
 
-    def put(self, src: int, run_id: int, tag: int, arr: np.ndarray) -> None:
+    def put(self, src: int, run_id: int, tag: Hashable, arr: np.ndarray) -> None:
         with self._cv:
             self._box.setdefault((src, run_id, tag), []).append(arr)
             self._cv.notify_all()
@@ -51,18 +51,19 @@ class Mailbox:
                 for r in [r for r in d if r < run_id]:
                     del d[r]
 
-    def take(self, srcs, run_id: int, tag: int, timeout: float,
+    def take(self, wanted: Dict[int, Hashable], run_id: int, timeout: float,
              describe: Callable[[], str]) -> Dict[int, np.ndarray]:
-        """Wait for one message from each of `srcs` for (run_id, tag) and remove them."""
+        """Wait for the message tagged `wanted[src]` of run `run_id` from each src, and remove
+        them."""
         deadline = time.monotonic() + timeout
         gone_since = None
         with self._cv:
             while True:
                 if run_id in self._aborted:
                     raise RunAborted(self._aborted[run_id])
-                if all(self._box.get((s, run_id, tag)) for s in srcs):
-                    return {s: self._pop((s, run_id, tag)) for s in srcs}
-                missing = [s for s in srcs if not self._box.get((s, run_id, tag))]
+                missing = [s for s, tag in wanted.items() if not self._box.get((s, run_id, tag))]
+                if not missing:
+                    return {s: self._pop((s, run_id, tag)) for s, tag in wanted.items()}
                 gone = [s for s in missing if s in self._finished.get(run_id, ())]
                 if gone:
                     # Data sent just before finishing may arrive after the notice (Ray gives
@@ -89,7 +90,11 @@ class Mailbox:
 
 class MailboxTransport(Transport):
     """`deliver(peer, src, run_id, tag, array)` pushes into the peer's Mailbox; it must copy or
-    serialise the array before returning (the communicator reuses it)."""
+    serialise the array before returning (the communicator reuses it).
+
+    Messages carry a per-peer sequence number besides the collective's tag: a collective may
+    exchange twice with the same peer, and Ray may run two deliveries of one caller out of
+    order on a threaded actor."""
 
     def __init__(self, index: int, mailbox: Mailbox, deliver: Callable, timeout: float):
         self.index = index
@@ -97,11 +102,26 @@ class MailboxTransport(Transport):
         self.deliver = deliver
         self.timeout = timeout
         self.run_id = 0
+        self._sent: Dict[int, int] = {}
+        self._received: Dict[int, int] = {}
+
+    def start_run(self, run_id: int) -> None:
+        self.run_id = run_id
+        self._sent.clear()
+        self._received.clear()
+        self.mailbox.start_run(run_id)
 
     def exchange(self, sends, recvs, tag):
         for peer, arr in sends.items():
-            self.deliver(peer, self.index, self.run_id, tag, arr)
-        got = self.mailbox.take(list(recvs), self.run_id, tag, self.timeout,
+            seq = self._sent.get(peer, 0)
+            self._sent[peer] = seq + 1
+            self.deliver(peer, self.index, self.run_id, (tag, seq), arr)
+        wanted = {}
+        for p in recvs:
+            seq = self._received.get(p, 0)
+            self._received[p] = seq + 1
+            wanted[p] = (tag, seq)
+        got = self.mailbox.take(wanted, self.run_id, self.timeout,
                                 lambda: f"worker {self.index}: collective (tag {tag})")
         for p, (n, dtype) in recvs.items():
             a = got[p]

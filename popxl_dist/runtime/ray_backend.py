@@ -45,8 +45,7 @@ class _ActorWorker:
         self.peers[peer].deliver.remote(src, run_id, tag, arr)
 
     def _on_run(self, run_id: int) -> None:
-        self.transport.run_id = run_id
-        self.mailbox.start_run(run_id)
+        self.transport.start_run(run_id)
 
     def deliver(self, src: int, run_id: int, tag: int, arr) -> None:
         self.mailbox.put(src, run_id, tag, arr)
@@ -66,8 +65,11 @@ def _blas_threads_env() -> dict:
     CPU count (1), and OpenBLAS gives different bits with different thread counts, which would
     break bitwise agreement with the local and MPI backends."""
     default = str(os.cpu_count() or 1)
-    return {var: os.environ.get(var, default)
-            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {var: os.environ.get(var, default)
+           for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    # Idle BLAS threads of several actors per core would spin against each other.
+    env["OPENBLAS_THREAD_TIMEOUT"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "4")
+    return env
 
 
 def _cause(exc: BaseException) -> BaseException:

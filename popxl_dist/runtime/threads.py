@@ -32,14 +32,8 @@ class ThreadPool(WorkerPool):
         self.services = []
         for i in range(size):
             transport = MailboxTransport(i, self.mailboxes[i], deliver, timeout)
-            self.services.append(WorkerService(i, transport, self._run_hook(transport, i)))
+            self.services.append(WorkerService(i, transport, transport.start_run))
         self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="popxl-worker")
-
-    def _run_hook(self, transport: MailboxTransport, i: int):
-        def on_run(run_id: int) -> None:
-            transport.run_id = run_id
-            self.mailboxes[i].start_run(run_id)
-        return on_run
 
     def close_session(self, sid: int) -> None:
         for service in self.services:
