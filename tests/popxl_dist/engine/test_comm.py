@@ -197,3 +197,35 @@ def test_inputs_are_not_modified_by_out_of_place_collectives():
     run_workers(4, 2, lambda c, reps: c.all_gather([xs[r] for r in reps], 2, 2))
     for x, b in zip(xs, before):
         np.testing.assert_array_equal(x, b)
+
+
+def test_out_of_order_delivery_cannot_mix_up_exchange_rounds():
+    """Ray may run one caller's deliveries out of order (threaded actors): the split all-reduce
+    exchanges twice with the same peer and tag, so messages must be matched by sequence."""
+    R, n = 2, comm_module._SPLIT_MIN      # large enough for reduce-scatter + all-gather
+    xs = data(R, (n,), np.float32, seed=11)
+    want = np.sum(xs, axis=0)
+    layout = Layout(R, 2)
+    rng = np.random.default_rng(0)
+    for trial in range(5):
+        boxes = [Mailbox() for _ in range(2)]
+        delays = rng.uniform(0, 0.02, size=16).tolist()
+
+        def deliver(peer, src, run_id, tag, arr):
+            # Random delays reorder the two rounds' messages.
+            t = threading.Timer(delays.pop(), boxes[peer].put, (src, run_id, tag, arr.copy()))
+            t.start()
+
+        results = {}
+
+        def work(w):
+            comm = Communicator(layout, w, MailboxTransport(w, boxes[w], deliver, 10.0))
+            results[w] = comm.all_reduce([xs[w]], "add", 1, R)[0]
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for w in range(2):
+            np.testing.assert_allclose(results[w], want, rtol=1e-6, atol=1e-6)
