@@ -206,11 +206,11 @@ class MPIPool(WorkerPool):
             own = self.service.handle(cmd, sid, run_id, payloads[0])
             self._wait_replies(run_id, range(1, n))
         except BaseException as e:
+            # Not waiting for the command sends: a large one to a dead rank never completes.
             self._abort(run_id, range(1, n), e)
             raise
-        finally:
-            for s in sends:
-                s.wait()
+        for s in sends:
+            s.wait()            # every worker replied, so it has received its command
         results = [own]
         for w in range(1, n):
             status, _, _, value = self._replies[w]
