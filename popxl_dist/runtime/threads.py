@@ -43,16 +43,13 @@ class ThreadPool(WorkerPool):
         run_id = next(self._runs)
         if len(payloads) == 1:
             return [self.services[0].handle(cmd, sid, run_id, payloads[0])]
-        errors: List[BaseException] = []
-
         def settle(i: int, exc: Optional[BaseException]) -> None:
             # Called as each worker ends: release the others at once if it failed, and tell
             # them it finished (anyone still waiting for its data has diverged).
             if exc is None:
                 for mb in self.mailboxes:
                     mb.peer_finished(i, run_id)
-            elif not isinstance(exc, RunAborted) or not errors:
-                errors.append(exc)
+            elif not isinstance(exc, RunAborted):
                 for mb in self.mailboxes:
                     mb.abort(run_id, f"worker {i} failed: {exc}")
 
@@ -62,15 +59,19 @@ class ThreadPool(WorkerPool):
             f.add_done_callback(lambda f, i=i: settle(i, f.exception()))
             futures.append(f)
         first: Any = None
+        failures: List[BaseException] = []
         try:
             first = self.services[0].handle(cmd, sid, run_id, payloads[0])
             settle(0, None)
         except BaseException as e:  # noqa: BLE001 - re-raised below after the others stop
             settle(0, e)
+            failures.append(e)
         wait(futures)
-        real = [e for e in errors if not isinstance(e, RunAborted)]
-        if real or errors:
-            raise (real or errors)[0]
+        # (Read the futures themselves: their callbacks may still be running.)
+        failures += [f.exception() for f in futures if f.exception() is not None]
+        if failures:
+            real = [e for e in failures if not isinstance(e, RunAborted)]
+            raise (real or failures)[0]
         return [first] + [f.result() for f in futures]
 
 
