@@ -120,15 +120,19 @@ class VariableFactory:
             mm[...] = self.next_data()
         return mm
 
+    def _next_value(self, name: Optional[str], empty: bool, memmap_dir: Optional[str],
+                    read_only_if_exists: bool):
+        """The next host value, in a memmap under `memmap_dir` when given."""
+        if memmap_dir is not None:
+            return self.next_memmap(memmap_dir, name or "variable", empty, read_only_if_exists)
+        return self.next_data(empty)
+
     def create_tensor(self, name: Optional[str] = None, empty: bool = False,
                       memmap_dir: Optional[str] = None,
                       read_only_if_exists: bool = False) -> popxl.Variable:
         """A main-graph variable holding the next value (full, unsharded)."""
         name = name or self.name
-        if memmap_dir is not None:
-            data = self.next_memmap(memmap_dir, name or "variable", empty, read_only_if_exists)
-        else:
-            data = self.next_data(empty)
+        data = self._next_value(name, empty, memmap_dir, read_only_if_exists)
         return popxl.variable(data, self.dtype, name, replica_grouping=self.replica_grouping)
 
     def create_remote_tensor(self, buffer: popxl.RemoteBuffer, entry: int,
@@ -137,10 +141,7 @@ class VariableFactory:
                              read_only_if_exists: bool = False) -> popxl.Variable:
         """A remote variable in `buffer` at `entry` (replica-sharded if the buffer is)."""
         name = name or self.name
-        if memmap_dir is not None:
-            data = self.next_memmap(memmap_dir, name or "variable", empty, read_only_if_exists)
-        else:
-            data = self.next_data(empty)
+        data = self._next_value(name, empty, memmap_dir, read_only_if_exists)
         if buffer.meta_shape:
             return popxl.remote_replica_sharded_variable(data, buffer, entry, self.dtype, name,
                                                          replica_grouping=self.replica_grouping)

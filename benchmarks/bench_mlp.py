@@ -30,8 +30,10 @@ def init_weights(seed: int = 0):
 
 
 # --- the emulator (plain popxl, as in the user guide) -----------------------------------------
-def build_popxl(batch: int, weights):
-    ir = popxl.Ir()
+def build_popxl(batch: int, weights, replicas: int = 1, all_reduce: bool = False):
+    """The training step; with `all_reduce`, each gradient is averaged over the `replicas`
+    replicas before the SGD update (bench_replication's data-parallel variant)."""
+    ir = popxl.Ir(replication=replicas)
     with ir.main_graph:
         x_s = popxl.h2d_stream((batch, 28, 28), popxl.float32, "image")
         l_s = popxl.h2d_stream((batch,), popxl.int32, "labels")
@@ -56,6 +58,8 @@ def build_popxl(batch: int, weights):
         loss, dlogits = ops.nll_loss_with_softmax_grad(ops.softmax(logits, -1), labels)
         grads = ops.call(bwd.graph, dlogits, inputs_dict=bwd.inputs_dict(info))
         for p, gp in zip(params, grads):
+            if all_reduce:
+                ops.collectives.replicated_all_reduce_(gp, op="mean")
             ops.scaled_add_(p, gp, b=-LR)
         loss_s = popxl.d2h_stream((), popxl.float32, "loss")
         ops.host_store(loss_s, loss)

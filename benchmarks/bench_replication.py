@@ -54,41 +54,9 @@ def where() -> dict[str, Any]:
 def build_dp(replicas: int, batch: int, weights, all_reduce: bool):
     """bench_mlp's training step with `replicas` replicas, each gradient averaged over the
     replicas before the SGD update when `all_reduce`."""
-    import popxl
-    from bench_mlp import LR
-    from popxl import ops, transforms
+    from bench_mlp import build_popxl
 
-    ir = popxl.Ir(replication=replicas)
-    with ir.main_graph:
-        x_s = popxl.h2d_stream((batch, 28, 28), popxl.float32, "image")
-        l_s = popxl.h2d_stream((batch,), popxl.int32, "labels")
-        x = ops.host_load(x_s, "x")
-        labels = ops.host_load(l_s, "labels")
-        params = []
-        for i, (w, b) in enumerate(weights):
-            params += [popxl.variable(w, name=f"W{i}"), popxl.variable(b, name=f"b{i}")]
-
-        def net(x, *p):
-            h = x.reshape((-1, 784))
-            for i in range(4):
-                h = h @ p[2 * i] + p[2 * i + 1]
-                if i < 3:
-                    h = ops.gelu(h)
-            return h
-
-        g = ir.create_graph(net, x, *params)
-        bwd = transforms.autodiff(g, grads_required=g.inputs[1:])
-        info = ops.call_with_info(g, x, *params)
-        loss, dlogits = ops.nll_loss_with_softmax_grad(ops.softmax(info.outputs[0], -1), labels)
-        grads = ops.call(bwd.graph, dlogits, inputs_dict=bwd.inputs_dict(info))
-        with popxl.in_sequence(True):
-            for p, gp in zip(params, grads):
-                if all_reduce:
-                    ops.collectives.replicated_all_reduce_(gp, op="mean")
-                ops.scaled_add_(p, gp, b=-LR)
-        loss_s = popxl.d2h_stream((), popxl.float32, "loss")
-        ops.host_store(loss_s, loss)
-    return ir, x_s, l_s, loss_s
+    return build_popxl(batch, weights, replicas, all_reduce)
 
 
 def dp_data(replicas: int, n: int = 8):

@@ -298,9 +298,11 @@ def test(weights: Mapping[str, np.ndarray], batch_size: int = 80, max_batches: i
     return 100.0 * correct / (n_batches * batch_size)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--replicas", type=int, default=2, help="replication factor (default 2)")
+def training_parser(description: str, replicas: int) -> argparse.ArgumentParser:
+    """The command line shared with the RTS twin (`mnist_rts.py`)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--replicas", type=int, default=replicas,
+                   help=f"replication factor (default {replicas})")
     p.add_argument("--accumulation", type=int, default=4,
                    help="gradient accumulation steps per optimiser step (default 4)")
     p.add_argument("--micro-batch", type=int, default=8,
@@ -316,10 +318,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-weights", metavar="PATH",
                    help="np.savez the final weights, keyed by variable name")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def parse_checked(p: argparse.ArgumentParser, argv, positive=()) -> argparse.Namespace:
+    """Parse, requiring the sizes (and `positive` extra options) to be >= 1."""
     args = p.parse_args(argv)
-    for name in ("replicas", "accumulation", "micro_batch", "epochs", "test_batch_size"):
+    for name in ("replicas", "accumulation", "micro_batch", "epochs", "test_batch_size",
+                 *positive):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = training_parser(__doc__.splitlines()[0], replicas=2)
+    args = parse_checked(p, argv)
 
     t0 = time.perf_counter()
     program = build_train_program(args.replicas, args.accumulation, args.micro_batch, args.lr,

@@ -28,7 +28,6 @@ Adam is element-wise.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -277,34 +276,14 @@ def memory_table(programs: dict[str, RTSTrainProgram]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--replicas", type=int, default=4, help="replication factor (default 4)")
-    p.add_argument("--accumulation", type=int, default=4,
-                   help="gradient accumulation steps per optimiser step (default 4)")
-    p.add_argument("--micro-batch", type=int, default=8,
-                   help="images per replica per micro batch (default 8)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    p.add_argument("--limit", type=int, default=0,
-                   help="stop after this many optimiser steps (default: all)")
+    p = dp.training_parser(__doc__.splitlines()[0], replicas=4)
     p.add_argument("--rts-threshold", type=int, default=1024,
                    help="shard weights with at least this many elements (default 1024)")
     p.add_argument("--no-rts", action="store_true",
                    help="shard nothing: weights on chip, all-reduced gradients")
     p.add_argument("--memory-report", action="store_true",
                    help="print the per-replica device memory of this program")
-    p.add_argument("--test-batch-size", type=int, default=80)
-    p.add_argument("--test-batches", type=int, default=0,
-                   help="evaluate only this many test batches (default: the whole test set)")
-    p.add_argument("--seed", type=int, default=42, help="weight initialisation seed")
-    p.add_argument("--save-weights", metavar="PATH",
-                   help="np.savez the final (full) weights, keyed by variable name")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = p.parse_args(argv)
-    for name in ("replicas", "accumulation", "micro_batch", "epochs", "test_batch_size",
-                 "rts_threshold"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    args = dp.parse_checked(p, argv, positive=("rts_threshold",))
 
     t0 = time.perf_counter()
     program = build_train_program(args.replicas, args.accumulation, args.micro_batch, args.lr,

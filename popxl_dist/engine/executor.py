@@ -139,10 +139,6 @@ class Worker:
             return ctx.remote[remote[0]][remote[1]]
         return ctx.state[self.program.state_index[tid]]
 
-    def read_weights(self, tids: Sequence[str]) -> Dict[str, List[np.ndarray]]:
-        """Each variable's stored value on each local replica (copies; shards for RTS)."""
-        return {t: [self._stored(ctx, t).copy() for ctx in self.ctxs] for t in tids}
-
     def read_replicas(self, wanted: Dict[str, Sequence[int]]) -> Dict[str, Dict[int, np.ndarray]]:
         """`{tid: {replica: stored value}}` for the (local, global-index) replicas asked for
         (copies; an RTS variable gives the replica's shard)."""

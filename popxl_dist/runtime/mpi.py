@@ -153,7 +153,6 @@ class MPIPool(WorkerPool):
         self.service = WorkerService(self.rank, self.transport, self._on_run)
         self.broken: Optional[str] = None
         self._replies: Dict[int, tuple] = {}     # worker -> reply of the current call
-        self._run_id = 0
         self._last_liveness = time.monotonic()
         self._peer_signal = False
         if threading.current_thread() is threading.main_thread():
@@ -195,7 +194,6 @@ class MPIPool(WorkerPool):
         if self.broken:
             raise WorkerDied(f"the MPI worker pool is unusable: {self.broken}")
         run_id = next(self._runs)
-        self._run_id = run_id
         n = len(payloads)
         # Never message a dead rank: MPICH may take the whole job down with it.
         self._check_liveness(range(1, n), force=True)
