@@ -50,7 +50,8 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
         os.set_inheritable(fd, True)
     with tempfile.TemporaryDirectory(prefix="popxl-run-") as tmp:
         exit_file = os.path.join(tmp, "exit_code")
-        env = dict(os.environ, POPXL_HOST_STDIO=f"{fds[0]},{fds[1]}", POPXL_EXIT_FILE=exit_file)
+        env = dict(os.environ, POPXL_HOST_STDIO=f"{fds[0]},{fds[1]}", POPXL_EXIT_FILE=exit_file,
+                   POPXL_SINGLE_CONTROLLER="1")
         # Idle OpenBLAS threads spin for ~0.1 s by default; with several ranks per core set
         # that oversubscribes the cores (27 s instead of 4 s for the data-parallel example).
         # Changing the spin time, unlike the thread count, keeps every result's bits.
