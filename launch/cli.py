@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import List, Optional
 
 __all__ = ["main", "find_mpiexec"]
@@ -72,6 +74,16 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
             return code
 
 
+def _handle_ctrl_c() -> None:
+    """Make Ctrl-C (SIGINT) stop the job even when popxl-run inherited SIGINT ignored, as a
+    command started in the background by a non-interactive shell (CI runners, `cmd &` in a
+    script) does: Python then never raises KeyboardInterrupt, and a Ray driver would run on.
+    `mpiexec` and `torchrun` install their own handlers for the same reason."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="popxl-run",
@@ -100,6 +112,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     os.environ["POPXL_BACKEND"] = ns.backend
     os.environ["POPXL_WORKERS"] = str(workers)
+    _handle_ctrl_c()
     if ns.backend == "mpi":
         return _run_mpi(workers, ns.target, ns.args)
     from .scripts import run_script

@@ -42,5 +42,7 @@ def collective_timeout() -> float:
 
 
 def ray_address() -> str:
-    """The Ray cluster to join (`POPXL_RAY_ADDRESS`); empty means start a local Ray."""
-    return os.environ.get("POPXL_RAY_ADDRESS", "").strip()
+    """The Ray cluster to join (`POPXL_RAY_ADDRESS`, else Ray's own `RAY_ADDRESS`); empty means
+    start a new local Ray (never join whichever cluster `ray start` last left on this machine)."""
+    return (os.environ.get("POPXL_RAY_ADDRESS", "").strip()
+            or os.environ.get("RAY_ADDRESS", "").strip())

@@ -94,7 +94,9 @@ class RayPool(WorkerPool):
                 ray.init(address=address, logging_level=logging.WARNING,
                          configure_logging=False)
             else:
-                ray.init(num_cpus=max(size, os.cpu_count() or 1), include_dashboard=False,
+                # address="local": a new Ray, not the one `ray start` last left on this machine.
+                ray.init(address="local", num_cpus=max(size, os.cpu_count() or 1),
+                         include_dashboard=False,
                          logging_level=logging.WARNING, configure_logging=False)
                 self.started_ray = True
         self.size = size

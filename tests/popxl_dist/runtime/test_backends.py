@@ -32,22 +32,35 @@ needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray not installed")
 
 
 def popxl_run(backend: str, workers: int, *args: str, timeout: float = 240):
+    """Run popxl-run in a new session (so `job_processes(res.sid)` finds what it left)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}
-    return subprocess.run([sys.executable, "-m", "popxl_launch", "--backend", backend,
-                           "--workers", str(workers), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "popxl_launch", "--backend", backend,
+                             "--workers", str(workers), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    res.sid = proc.pid
+    return res
 
 
-def our_processes(marker: str) -> list:
-    """Processes whose command line mentions `marker` (leftover workers)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()[1:] if marker in line and "ps -eo" not in line]
-
-
-def ray_processes() -> list:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()[1:]
-            if ("raylet" in line or "ray::" in line or "gcs_server" in line)]
+def job_processes(sid: int) -> list:
+    """The live processes of session `sid` (a job started with start_new_session=True: the
+    launcher, its MPI ranks or Ray's processes and actors). Other helpers' Rays and MPI jobs on
+    the machine are not counted; zombies are dead and not counted either."""
+    out = subprocess.run(["ps", "-eo", "pid,sid,stat,args"], capture_output=True,
+                         text=True).stdout
+    procs = []
+    for line in out.splitlines()[1:]:
+        pid, psid, stat, *args = line.split(None, 3)
+        if int(psid) == sid and not stat.startswith("Z"):
+            procs.append(line)
+    return procs
 
 
 def wait_until(condition, timeout: float = 20.0) -> bool:
@@ -131,7 +144,7 @@ def test_mpi_two_ranks_cases_failures_and_bitwise_training(tmp_path, local_weigh
     assert_suite_ok(res)
     assert_bitwise_equal(load_weights(path), local_weights)
     assert "Accuracy on test set:" in res.stdout
-    assert wait_until(lambda: not our_processes(SUITE))
+    assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
 @needs_mpi
@@ -149,7 +162,7 @@ def test_mpi_dead_worker_raises_in_host_and_leaves_nothing():
     assert "ok crash" in res.stdout, out[-3000:]
     assert "worker 1 held replica 1" in res.stdout, out[-3000:]
     assert res.returncode == 0, out[-3000:]      # the script's exit code, not the abort's
-    assert wait_until(lambda: not our_processes(FAILURES))
+    assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
 @needs_mpi
@@ -161,18 +174,24 @@ def test_mpi_script_exit_code_is_returned(tmp_path):
     assert "args ['a', '--b']" in res.stdout
 
 
-def _interrupt(backend: str, workers: int, marker_processes) -> None:
+def _interrupt(backend: str, workers: int) -> None:
+    """Ctrl-C a long run and check that the whole job stops. popxl-run starts with SIGINT
+    ignored, as a command run in the background by a non-interactive shell (a CI runner) does:
+    Ctrl-C must stop it all the same."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}
     proc = subprocess.Popen([sys.executable, "-m", "popxl_launch", "--backend", backend,
                              "--workers", str(workers), FAILURES, "sleep"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=ROOT, start_new_session=True)
+                            env=env, cwd=ROOT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 90
         for line in proc.stdout:
             if line.startswith("running"):
                 break
             assert time.monotonic() < deadline, "the long run never started"
+        else:
+            raise AssertionError("the long run ended before it was interrupted")
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)           # what Ctrl-C in a terminal does
         t0 = time.monotonic()
@@ -183,28 +202,26 @@ def _interrupt(backend: str, workers: int, marker_processes) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode != 0
-    assert wait_until(lambda: not marker_processes())
+    assert wait_until(lambda: not job_processes(proc.pid)), job_processes(proc.pid)
 
 
 @needs_mpi
 def test_mpi_ctrl_c_stops_every_rank():
-    _interrupt("mpi", 2, lambda: our_processes(FAILURES))
+    _interrupt("mpi", 2)
 
 
 # --- ray -------------------------------------------------------------------------------
 @needs_ray
 def test_ray_cases_failures_crash_and_bitwise_training(tmp_path, local_weights):
-    before = len(ray_processes())
     path = tmp_path / "ray.npz"
     res = popxl_run("ray", 2, SUITE, "--dp-weights", str(path),
                     "--failures", "error,diverge,crash")
     assert_suite_ok(res)
     assert "worker 1 held replica 1" in res.stdout
     assert_bitwise_equal(load_weights(path), local_weights)
-    assert wait_until(lambda: len(ray_processes()) <= before), ray_processes()
+    assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
 @needs_ray
 def test_ray_ctrl_c_leaves_no_actors():
-    before = len(ray_processes())
-    _interrupt("ray", 2, lambda: len(ray_processes()) > before)
+    _interrupt("ray", 2)
