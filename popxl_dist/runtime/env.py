@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["backend_name", "worker_count", "collective_timeout", "ray_address", "BACKENDS"]
+__all__ = ["backend_name", "worker_count", "collective_timeout", "ray_address", "ray_transport",
+           "BACKENDS"]
 
 BACKENDS = ("local", "mpi", "ray")
 
@@ -46,3 +47,15 @@ def ray_address() -> str:
     start a new local Ray (never join whichever cluster `ray start` last left on this machine)."""
     return (os.environ.get("POPXL_RAY_ADDRESS", "").strip()
             or os.environ.get("RAY_ADDRESS", "").strip())
+
+
+RAY_TRANSPORTS = ("auto", "socket")
+
+
+def ray_transport() -> str:
+    """How Ray workers of one node talk (`POPXL_RAY_TRANSPORT`): `auto` (default) uses shared
+    memory where it can, `socket` uses TCP sockets everywhere, as between nodes."""
+    value = os.environ.get("POPXL_RAY_TRANSPORT", "").strip().lower() or "auto"
+    if value not in RAY_TRANSPORTS:
+        raise ValueError(f"POPXL_RAY_TRANSPORT must be one of {RAY_TRANSPORTS}, got {value!r}")
+    return value

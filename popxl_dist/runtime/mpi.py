@@ -23,6 +23,7 @@ import numpy as np
 from ..engine.comm import Transport
 from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
 from .env import collective_timeout, worker_count
+from .polling import Backoff as _Backoff, process_alive as _alive
 from .pool import WorkerPool
 from .service import WorkerService
 
@@ -32,43 +33,6 @@ CMD, REPLY, ABORT = 11, 12, 13
 _LIVENESS_PERIOD = 0.5
 _ABORT_GRACE = 5.0
 _DIVERGE_GRACE = 1.0
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` (on this host) is running; zombies count as dead."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-
-
-class _Backoff:
-    """Polling that does not spin for long: for the first few milliseconds of a wait, yield the
-    CPU between polls (a reply usually comes within them); then sleep, longer the longer the
-    wait, so an idle rank costs (almost) no CPU."""
-
-    __slots__ = ("start",)
-    SPIN = 0.003
-
-    def __init__(self):
-        self.start = time.monotonic()
-
-    def wait(self) -> None:
-        idle = time.monotonic() - self.start
-        if idle < self.SPIN:
-            os.sched_yield()      # not sleep(0): that costs the timer slack (~50-250 us)
-        else:
-            time.sleep(0.0001 if idle < 0.05 else 0.001 if idle < 1.0 else 0.005)
 
 
 def _describe(exc: BaseException) -> str:
