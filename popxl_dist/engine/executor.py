@@ -196,7 +196,10 @@ class Worker:
                 raise err from e
 
     def _explain(self, exc: BaseException, replica: int) -> BaseException:
-        """An EngineError naming the op (and the replica when there are several)."""
+        """An EngineError naming the op (and the replica when there are several); another
+        worker's failure (e.g. raised by the Ray backend's watchdog) passes unchanged."""
+        if isinstance(exc, (WorkerError, RunAborted)):
+            return exc
         err = explain_error(self.program, exc)
         if self.ir.replication_factor > 1:
             op = getattr(err, "op", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["Backoff", "process_alive", "process_start_time"]
+__all__ = ["Backoff", "process_alive", "process_stopped", "process_start_time"]
 
 
 class Backoff:
@@ -23,7 +23,8 @@ class Backoff:
         if idle < self.SPIN:
             os.sched_yield()      # not sleep(0): that costs the timer slack (~50-250 us)
         else:
-            time.sleep(0.0001 if idle < 0.05 else 0.001 if idle < 1.0 else 0.005)
+            time.sleep(0.0001 if idle < 0.05 else 0.001 if idle < 1.0 else
+                       0.005 if idle < 10.0 else 0.02)
 
 
 def _stat_fields(pid: int):
@@ -45,6 +46,14 @@ def process_alive(pid: int) -> bool:
             return False
         except PermissionError:
             return True
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process `pid` (on this host) is stopped (SIGSTOP, or a debugger's trace stop)."""
+    try:
+        return _stat_fields(pid)[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def process_start_time(pid: int) -> int:

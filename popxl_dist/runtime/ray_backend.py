@@ -35,7 +35,7 @@ from .env import collective_timeout, ray_address, ray_transport
 from .links import ABORT, BYE, CMD, FIN
 from .mesh import MeshMember
 from .pipes import shm_supported, unlink_segments
-from .polling import Backoff, process_alive, process_start_time
+from .polling import Backoff, process_start_time, process_stopped
 from .pool import WorkerPool
 from .service import WorkerService
 
@@ -432,7 +432,8 @@ class RayPool(WorkerPool):
         backoff = Backoff()
         while any(w not in ep.replies for w in pending):
             if not ep.progress():
-                if time.monotonic() > deadline or ep.dead_workers(pending, force=False):
+                if (time.monotonic() > deadline or ep.dead_workers(pending, force=False)
+                        or self._all_stopped([w for w in pending if w not in ep.replies])):
                     stuck = [w for w in pending if w not in ep.replies]
                     self.broken = f"worker(s) {stuck} did not stop after a failure"
                     self._discard()
@@ -441,6 +442,13 @@ class RayPool(WorkerPool):
             for w in list(ep.replies):
                 if ep.replies[w].run_id != run_id:
                     del ep.replies[w]
+
+    def _all_stopped(self, workers: Sequence[int]) -> bool:
+        """Whether every one of `workers` is a stopped process on this host (it cannot answer;
+        waiting for it would only delay the error)."""
+        host = self.endpoint.host
+        procs = self.endpoint.procs
+        return all(procs[w][0] == host and process_stopped(procs[w][1]) for w in workers)
 
     def close_session(self, sid: int) -> None:
         if not self.closed and not self.broken:

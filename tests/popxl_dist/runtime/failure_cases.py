@@ -8,6 +8,11 @@ Scenarios (each prints `ok <scenario> <seconds>` or `FAIL <scenario>: <details>`
             the replicas diverged, instead of a hang.
   crash     the process of worker 1 is killed during a session (mpi / ray only): the host gets
             WorkerDied naming worker 1 within 10 s.
+  busy_crash  worker 1 is killed while every replica computes a long loop without collectives
+            (mpi / ray): WorkerDied naming worker 1 within 2 s, not at the next collective.
+  stop      worker 1 is stopped (SIGSTOP) inside a loop of all-reduces (mpi / ray; set
+            POPXL_COLLECTIVE_TIMEOUT low): the run raises CollectiveTimeout, and leaving the
+            session is bounded.
   sleep     a long run (for Ctrl-C tests): prints `running` and runs a long program.
 Exit status: number of failed scenarios.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -112,24 +118,78 @@ def scenario_crash() -> None:
         raise AssertionError("killing worker 1 raised nothing")
 
 
-def scenario_sleep() -> None:
+def _long_loop_program(iterations: int, all_reduce_inside: bool = False):
+    """A repeat of 256x256 matmuls (with an all-reduce in every iteration, or one after)."""
     ir = popxl.Ir(replication=R)
     with ir.main_graph:
         w = popxl.variable(np.ones((256, 256), np.float32), name="w")
 
         def body(t):
-            return ops.matmul(t, t) * 1e-3
+            y = ops.matmul(t, t) * 1e-3
+            return ops.collectives.replicated_all_reduce(y) if all_reduce_inside else y
 
         g = ir.create_graph(body, w)
-        y, = ops.repeat(g, 1000000, w)
+        y, = ops.repeat(g, iterations, w)
         ops.collectives.replicated_all_reduce_(y)
+    return ir
+
+
+def _signal_later(pid: int, sig: int, delay: float) -> list:
+    """Send `sig` to `pid` after `delay` s from a thread; the list gets the send time."""
+    sent: list = []
+
+    def send():
+        time.sleep(delay)
+        os.kill(pid, sig)
+        sent.append(time.monotonic())
+
+    threading.Thread(target=send, daemon=True).start()
+    return sent
+
+
+def scenario_busy_crash() -> None:
+    ir = _long_loop_program(1000000)
+    sess = popxl.Session(ir, "ipu_hw")
+    try:
+        with sess:
+            killed = _signal_later(_worker_pid(1), signal.SIGKILL, 1.0)
+            sess.run()
+    except WorkerDied as e:
+        took = time.monotonic() - killed[0]
+        assert "worker 1" in str(e) and "replica 1" in str(e), str(e)
+        assert took < 2, f"the death was reported after {took:.1f} s"
+        print(f"busy_crash reported after {took:.2f} s: {e}", flush=True)
+    else:
+        raise AssertionError("killing worker 1 during a long loop raised nothing")
+
+
+def scenario_stop() -> None:
+    ir = _long_loop_program(1000000, all_reduce_inside=True)
+    timeout = float(os.environ.get("POPXL_COLLECTIVE_TIMEOUT", "60"))
+    t0 = time.monotonic()
+    try:
+        with popxl.Session(ir, "ipu_hw") as sess:
+            stopped = _signal_later(_worker_pid(1), signal.SIGSTOP, 1.0)
+            sess.run()
+    except EngineError as e:
+        took = time.monotonic() - stopped[0]
+        assert "timeout" in type(e).__name__.lower() or "POPXL_COLLECTIVE_TIMEOUT" in str(e) \
+            or "did not stop" in str(e), f"{type(e).__name__}: {e}"
+        print(f"stop reported after {took:.2f} s (timeout {timeout:g} s), session left after "
+              f"{time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}", flush=True)
+    else:
+        raise AssertionError("stopping worker 1 raised nothing")
+
+
+def scenario_sleep() -> None:
+    ir = _long_loop_program(1000000)
     with popxl.Session(ir, "ipu_hw") as sess:
         print("running", flush=True)
         sess.run()
 
 
 SCENARIOS = {"error": scenario_error, "diverge": scenario_diverge, "crash": scenario_crash,
-             "sleep": scenario_sleep}
+             "busy_crash": scenario_busy_crash, "stop": scenario_stop, "sleep": scenario_sleep}
 
 
 def main(names) -> int:
