@@ -125,13 +125,14 @@ class ShmRing:
 
 
 class SocketPipe:
-    """Both directions of a link over a connected TCP socket (made non-blocking)."""
+    """Both directions of a link over a connected stream socket (made non-blocking)."""
 
     kind = "socket"
 
     def __init__(self, sock: socket.socket):
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:
                 sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
