@@ -2,6 +2,7 @@
 a short data-parallel MNIST run, all in one host script.
 
     popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--failures a,b]
+              [--no-cases] [--transport-stats PATH]
 
 Prints the lines of each part; exit status = number of failed parts.
 """
@@ -26,6 +27,8 @@ def main() -> int:
     p.add_argument("--dp-weights", default="")
     p.add_argument("--failures", default="")
     p.add_argument("--no-cases", action="store_true")
+    p.add_argument("--transport-stats", default="",
+                   help="ray: write the pool's transport_stats() as JSON here (before failures)")
     ns = p.parse_args()
     failed = 0
     if not ns.no_cases:
@@ -37,6 +40,13 @@ def main() -> int:
         failed += mnist_data_parallel.main(["--limit", "6", "--test-batches", "2",
                                             "--no-progress", "--save-weights",
                                             ns.dp_weights]) not in (0, None)
+    if ns.transport_stats:
+        import json
+
+        from popxl.runtime.ray_backend import ray_pool
+
+        with open(ns.transport_stats, "w") as f:
+            json.dump(ray_pool(int(os.environ["POPXL_WORKERS"])).transport_stats(), f)
     if ns.failures:
         failed += failure_cases.main(ns.failures.split(",")) != 0
     print(f"suite: {failed} failed part(s)", flush=True)
