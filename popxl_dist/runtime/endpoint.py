@@ -236,7 +236,8 @@ class EndpointTransport(Transport):
             missing = [p for p, key in wanted.items() if key not in ep.data]
             if not missing and all(link.idle for link in send_links):
                 break
-            if moved:
+            if moved:                                  # the timeout is for silence
+                deadline = time.monotonic() + ep.timeout
                 backoff = Backoff()
                 continue
             if run_id in ep.aborted:

@@ -270,7 +270,6 @@ class RayPool(WorkerPool):
         self._serve_refs: list = []
         self.pids: List[int] = [os.getpid()]
         self.node = ""
-        self.nodes: List[str] = [""]
         self._special = {_STATS: lambda _: _stats(self.endpoint, self.transport, self.node)}
         self._watch: Optional[_Watchdog] = None
         if size > 1:
@@ -310,7 +309,6 @@ class RayPool(WorkerPool):
                                  f"{ray.cluster_resources()})") from e
             raise
         self.pids = [t["pid"] for t in table]
-        self.nodes = [t["node"] for t in table]
         self._serve_refs = [a.serve.remote() for a in self.actors]
         self._watch = _Watchdog(self)
         _RAY.watch(self.job)
