@@ -214,21 +214,9 @@ def _resolve_pads(opname: str, in_sp, eff_k, stride, padding, pad_type: str,
     return pads, tuple(out)
 
 
-def conv(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
-         padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1), groups: int = 1,
-         pad_type: str = "not_set", available_memory_proportion=None, partials_types=None,
-         enable_conv_dithering=None) -> Tensor:
-    """ONNX Conv: `t` (N, C, *spatial) with `weight` (M, C/groups, *kernel), no bias.
-
-    `padding` is ONNX-style (begins..., ends...); `pad_type` "same_upper"/"same_lower"/"valid"
-    overrides it. The memory/partials/dithering options only tune the IPU and are ignored.
-    """
-    name = "conv"
-    check_tensor(t, name, "t")
-    check_tensor(weight, name, "weight")
-    check_same_dtype(name, t, weight)
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"{name}: 't' '{t.id}' must be floating point, got {t.dtype.name}")
+def conv_geometry(name: str, t: Tensor, weight: Tensor, stride, padding, dilation, groups,
+                  pad_type: str) -> Tuple[dict, Tuple[int, ...]]:
+    """(Conv attrs, output shape) of `t` (N, C, *spatial) with `weight` (M, C/groups, *k)."""
     n = t.rank - 2
     if n < 1 or weight.rank != t.rank:
         raise ValueError(f"{name}: need 't' (N, C, *spatial) and 'weight' (M, C/groups, *kernel) "
@@ -248,9 +236,29 @@ def conv(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
     kernel = weight.shape[2:]
     eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilation))
     pads, out_sp = _resolve_pads(name, t.shape[2:], eff, stride, padding, pad_type)
-    return add_op("Conv", name, [t, weight],
-                  [Out(f"{name}_out", (t.shape[0], weight.shape[0]) + out_sp, t.dtype)],
-                  {"strides": stride, "pads": pads, "dilations": dilation, "group": groups})[0]
+    attrs = {"strides": stride, "pads": pads, "dilations": dilation, "group": groups}
+    return attrs, (t.shape[0], weight.shape[0]) + out_sp
+
+
+def conv(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
+         padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1), groups: int = 1,
+         pad_type: str = "not_set", available_memory_proportion=None, partials_types=None,
+         enable_conv_dithering=None) -> Tensor:
+    """ONNX Conv: `t` (N, C, *spatial) with `weight` (M, C/groups, *kernel), no bias.
+
+    `padding` is ONNX-style (begins..., ends...); `pad_type` "same_upper"/"same_lower"/"valid"
+    overrides it. The memory/partials/dithering options only tune the IPU and are ignored.
+    float8 operands need `conv_pow2scaled`.
+    """
+    name = "conv"
+    check_tensor(t, name, "t")
+    check_tensor(weight, name, "weight")
+    check_same_dtype(name, t, weight)
+    if not t.dtype.is_floating_point or t.dtype in dtypes.FLOAT8_DTYPES:
+        raise TypeError(f"{name}: 't' '{t.id}' must be floating point (float8: use "
+                        f"conv_pow2scaled), got {t.dtype.name}")
+    attrs, shape = conv_geometry(name, t, weight, stride, padding, dilation, groups, pad_type)
+    return add_op("Conv", name, [t, weight], [Out(f"{name}_out", shape, t.dtype)], attrs)[0]
 
 
 def _pool(op_type: str, name: str, t: Tensor, kernel_size, stride, padding, out_pads, dilation,

@@ -246,30 +246,24 @@ def _conv_cols(win, x, g, calc):
     return cols.reshape(n, g, (c // g) * win.nk, -1)          # (N, g, C/g*K, P)
 
 
-@kernel("Conv")
-def _conv_kernel(attrs, ins, outs):
+def _conv_fn(attrs, x_shape, w_shape, out_shape, calc):
+    """fn(x, w) -> conv in `calc` (not rounded to the output dtype)."""
     g = int(attrs["group"])
-    dt = np_dtype(outs[0])
-    calc = _calc(dt)
-    win = _conv_geometry(attrs, ins[0].shape, ins[1].shape, outs[0].shape[2:])
-    m = ins[1].shape[0]
-    out_shape = outs[0].shape
+    win = _conv_geometry(attrs, x_shape, w_shape, out_shape[2:])
+    m = w_shape[0]
 
     def run(x, w):
         cols = _conv_cols(win, x, g, calc)
         wg = w.astype(calc, copy=False).reshape(g, m // g, -1)
-        return np.matmul(wg, cols).reshape(out_shape).astype(dt, copy=False)
+        return np.matmul(wg, cols).reshape(out_shape)
     return run
 
 
-@kernel("ConvDataGrad")
-def _conv_data_grad_kernel(attrs, ins, outs):
-    """ins (dy, w) -> dx."""
+def _conv_data_grad_fn(attrs, dy_shape, w_shape, x_shape, calc):
+    """fn(dy, w) -> the conv's input gradient of shape `x_shape` in `calc` (also ConvTranspose:
+    the transpose of a conv whose input is the output)."""
     g = int(attrs["group"])
-    dt = np_dtype(outs[0])
-    calc = _calc(dt)
-    x_shape, w_shape = outs[0].shape, ins[1].shape
-    win = _conv_geometry(attrs, x_shape, w_shape, ins[0].shape[2:])
+    win = _conv_geometry(attrs, x_shape, w_shape, dy_shape[2:])
     n, c, m = x_shape[0], x_shape[1], w_shape[0]
 
     def run(dy, w):
@@ -277,26 +271,66 @@ def _conv_data_grad_kernel(attrs, ins, outs):
         dyg = dy.astype(calc, copy=False).reshape(n, g, m // g, -1)
         dcols = np.matmul(wg.transpose(0, 2, 1), dyg)          # (N, g, C/g*K, P)
         dcols = dcols.reshape((n, g, c // g, win.nk) + win.out_sp)
-        return win.fold(dcols, 3).reshape(x_shape).astype(dt, copy=False)
+        return win.fold(dcols, 3).reshape(x_shape)
     return run
 
 
-@kernel("ConvWeightsGrad")
-def _conv_weights_grad_kernel(attrs, ins, outs):
-    """ins (dy, x) -> dw."""
+def _conv_weights_grad_fn(attrs, dy_shape, x_shape, w_shape, calc):
+    """fn(dy, x) -> the conv's weight gradient in `calc`."""
     g = int(attrs["group"])
-    dt = np_dtype(outs[0])
-    calc = _calc(dt)
-    x_shape, w_shape = ins[1].shape, outs[0].shape
-    win = _conv_geometry(attrs, x_shape, w_shape, ins[0].shape[2:])
+    win = _conv_geometry(attrs, x_shape, w_shape, dy_shape[2:])
     n, m = x_shape[0], w_shape[0]
 
     def run(dy, x):
         cols = _conv_cols(win, x, g, calc)
         dyg = dy.astype(calc, copy=False).reshape(n, g, m // g, -1)
         dw = np.matmul(dyg, cols.transpose(0, 1, 3, 2)).sum(axis=0)
-        return dw.reshape(w_shape).astype(dt, copy=False)
+        return dw.reshape(w_shape)
     return run
+
+
+def _rounded(fn, ins, outs, op_type):
+    """The kernel of a conv-family op: float inputs run `fn` in float32 for float16 and round
+    once; float8 operands with a log2_scale third input are decoded, `fn` runs in float32,
+    and the result is scaled by 2^log2_scale before rounding to the output dtype."""
+    dt = np_dtype(outs[0])
+    if len(ins) == 3:
+        from .float8 import pow2scaled
+
+        return pow2scaled(fn, ins, outs, op_type)
+    return lambda a, b: fn(a, b).astype(dt, copy=False)
+
+
+@kernel("Conv")
+def _conv_kernel(attrs, ins, outs):
+    calc = _calc(np_dtype(outs[0]))
+    fn = _conv_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, calc)
+    return _rounded(fn, ins, outs, "Conv")
+
+
+@kernel("ConvTranspose")
+def _conv_transpose_kernel(attrs, ins, outs):
+    """ins (x (N, C, *in), w (C, M/group, *k)[, log2_scale]) -> y (N, M, *out): the input
+    gradient of the conv (N, M, *out) -> (N, C, *in) with weight w."""
+    calc = _calc(np_dtype(outs[0]))
+    fn = _conv_data_grad_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, calc)
+    return _rounded(fn, ins, outs, "ConvTranspose")
+
+
+@kernel("ConvDataGrad")
+def _conv_data_grad_kernel(attrs, ins, outs):
+    """ins (dy, w) -> dx."""
+    calc = _calc(np_dtype(outs[0]))
+    fn = _conv_data_grad_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, calc)
+    return _rounded(fn, ins, outs, "ConvDataGrad")
+
+
+@kernel("ConvWeightsGrad")
+def _conv_weights_grad_kernel(attrs, ins, outs):
+    """ins (dy, x) -> dw."""
+    calc = _calc(np_dtype(outs[0]))
+    fn = _conv_weights_grad_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, calc)
+    return _rounded(fn, ins, outs, "ConvWeightsGrad")
 
 
 def _pool_geometry(attrs, x_shape, out_sp):
