@@ -333,9 +333,39 @@ def _conv_weights_grad_kernel(attrs, ins, outs):
     return _rounded(fn, ins, outs, "ConvWeightsGrad")
 
 
-def _pool_geometry(attrs, x_shape, out_sp):
-    return _Windows(x_shape, attrs["kernel_shape"], attrs["strides"], attrs["pads"],
-                    attrs["dilations"], out_sp)
+class _Pooling:
+    """A pool op's geometry: the input dilated by `in_dilations` (inserted zero cells), the
+    window sweep over it, and the output padded by `out_pads` (zeros)."""
+
+    def __init__(self, attrs, x_shape, y_shape):
+        n = len(x_shape) - 2
+        self.in_dil = tuple(attrs.get("in_dilations") or (1,) * n)
+        op = tuple(attrs.get("out_pads") or (0,) * (2 * n))
+        self.dilated = tuple(x_shape[:2]) + tuple(
+            d * (s - 1) + 1 for d, s in zip(self.in_dil, x_shape[2:]))
+        self.keep = tuple(slice(None, None, d) for d in self.in_dil)
+        inner = tuple(o - op[i] - op[n + i] for i, o in enumerate(y_shape[2:]))
+        self.out_width = [(0, 0), (0, 0)] + [(op[i], op[n + i]) for i in range(n)]
+        self.out_crop = tuple(slice(op[i], op[i] + inner[i]) for i in range(n))
+        self.padded_out = any(op)
+        self.win = _Windows(self.dilated, attrs["kernel_shape"], attrs["strides"],
+                            attrs["pads"], attrs["dilations"], inner)
+
+    def dilate(self, x: np.ndarray) -> np.ndarray:
+        if x.shape == self.dilated:
+            return x
+        out = np.zeros(self.dilated, dtype=x.dtype)
+        out[(slice(None), slice(None)) + self.keep] = x
+        return out
+
+    def undilate(self, dx: np.ndarray) -> np.ndarray:
+        return dx[(slice(None), slice(None)) + self.keep]
+
+    def pad_out(self, y: np.ndarray) -> np.ndarray:
+        return np.pad(y, self.out_width) if self.padded_out else y
+
+    def crop_out(self, dy: np.ndarray) -> np.ndarray:
+        return dy[(slice(None), slice(None)) + self.out_crop] if self.padded_out else dy
 
 
 def _avg_counts(win, calc):
@@ -347,12 +377,13 @@ def _avg_counts(win, calc):
 def _avg_pool_kernel(attrs, ins, outs):
     dt = np_dtype(outs[0])
     calc = _calc(dt)
-    win = _pool_geometry(attrs, ins[0].shape, outs[0].shape[2:])
+    pool = _Pooling(attrs, ins[0].shape, outs[0].shape)
+    win = pool.win
     counts = _avg_counts(win, calc)
 
     def run(x):
-        s = win.cols(win.pad(x.astype(calc, copy=False)), 2).sum(axis=2)
-        return (s / counts).astype(dt, copy=False)
+        s = win.cols(win.pad(pool.dilate(x.astype(calc, copy=False))), 2).sum(axis=2)
+        return pool.pad_out(s / counts).astype(dt, copy=False)
     return run
 
 
@@ -361,23 +392,26 @@ def _avg_pool_grad_kernel(attrs, ins, outs):
     """ins (dy, x) -> dx."""
     dt = np_dtype(outs[0])
     calc = _calc(dt)
-    win = _pool_geometry(attrs, outs[0].shape, ins[0].shape[2:])
+    pool = _Pooling(attrs, outs[0].shape, ins[0].shape)
+    win = pool.win
     counts = _avg_counts(win, calc)
 
     def run(dy, x):
-        share = dy.astype(calc) / counts
+        share = pool.crop_out(dy).astype(calc) / counts
         dcols = np.broadcast_to(share[:, :, None], share.shape[:2] + (win.nk,) + win.out_sp)
-        return win.fold(dcols, 2).astype(dt, copy=False)
+        return pool.undilate(win.fold(dcols, 2)).astype(dt, copy=False)
     return run
 
 
 @kernel("MaxPool")
 def _max_pool_kernel(attrs, ins, outs):
     dt = np_dtype(outs[0])
-    win = _pool_geometry(attrs, ins[0].shape, outs[0].shape[2:])
+    pool = _Pooling(attrs, ins[0].shape, outs[0].shape)
+    win = pool.win
 
     def run(x):
-        return win.cols(win.pad(x, -np.inf), 2).max(axis=2).astype(dt, copy=False)
+        y = win.cols(win.pad(pool.dilate(x), -np.inf), 2).max(axis=2)
+        return pool.pad_out(y).astype(dt, copy=False)
     return run
 
 
@@ -386,13 +420,14 @@ def _max_pool_grad_kernel(attrs, ins, outs):
     """ins (dy, x) -> dx: each output's gradient goes to its (first) maximal input cell."""
     dt = np_dtype(outs[0])
     calc = _calc(dt)
-    win = _pool_geometry(attrs, outs[0].shape, ins[0].shape[2:])
+    pool = _Pooling(attrs, outs[0].shape, ins[0].shape)
+    win = pool.win
 
     def run(dy, x):
-        cols = win.cols(win.pad(x, -np.inf), 2)
+        cols = win.cols(win.pad(pool.dilate(x), -np.inf), 2)
         arg = cols.argmax(axis=2)
         onehot = np.arange(win.nk).reshape((1, 1, win.nk) + (1,) * len(win.out_sp)) \
             == arg[:, :, None]
-        dcols = onehot * dy.astype(calc)[:, :, None]
-        return win.fold(dcols, 2).astype(dt, copy=False)
+        dcols = onehot * pool.crop_out(dy).astype(calc)[:, :, None]
+        return pool.undilate(win.fold(dcols, 2)).astype(dt, copy=False)
     return run
