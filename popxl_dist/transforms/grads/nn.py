@@ -104,3 +104,14 @@ def _conv_transpose_grad(g, dys) -> Grads:
 def _pool_grad(g, dys) -> Grads:
     x = g.fwd_in(0)
     return [grad_op(f"{g.op.type}Grad", [dys[0], x], x, dict(g.attrs))]
+
+
+@grad_rule("Resize")
+def _resize_grad(g, dys) -> Grads:
+    return [grad_op("ResizeGrad", [dys[0]], g.in_info(0), dict(g.attrs))]
+
+
+@grad_rule("RoiAlign")
+def _roi_align_grad(g, dys) -> Grads:
+    dx = grad_op("RoiAlignGrad", [dys[0], g.fwd_in(1), g.fwd_in(2)], g.in_info(0), dict(g.attrs))
+    return [dx, None, None]
