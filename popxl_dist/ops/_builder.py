@@ -110,9 +110,10 @@ def as_tensor_like(x: Any, like: Tensor, opname: str, argname: str) -> Tensor:
 FLOAT8_INPUT_OP_TYPES = frozenset({
     "Reshape", "ReshapeInplace", "Transpose", "TransposeInplace", "Slice", "SliceInplace",
     "Subsample", "Split", "Concat", "ConcatInplace", "Identity", "Detach", "DetachInplace",
-    "IpuCopy", "IoTileCopy", "HostStore", "RemoteStore", "RemoteLoadInplace", "Call", "Loop",
-    "If", "CopyVarUpdate", "DynamicSlice", "DynamicUpdate", "DynamicUpdateInplace", "Gather",
-    "SliceGrad", "SubsampleGrad", "CastThenPow2Scale", "MatMul", "Conv", "ConvTranspose"})
+    "IpuCopy", "IoTileCopy", "HostLoad", "HostStore", "RemoteLoad", "RemoteStore",
+    "RemoteLoadInplace", "Call", "Loop", "If", "CopyVarUpdate", "DynamicSlice", "DynamicUpdate",
+    "DynamicUpdateInplace", "Gather", "SliceGrad", "SubsampleGrad", "CastThenPow2Scale",
+    "MatMul", "Conv", "ConvTranspose"})
 
 
 def check_no_float8(op_type: str, settings_name: str, inputs: Sequence[Tensor]) -> None:
