@@ -149,15 +149,15 @@ def encode(x, fmt: Float8Format, log2_scale: int = 0,
 
 def mse_scale(x: np.ndarray, fmt: Float8Format) -> int:
     """The log2 scale s in [-31, 31] minimising the squared error of
-    `x ~ quantize(x * 2^s) * 2^-s` (saturating), summed over the non-NaN elements; the
-    smallest such s on ties (so an all-zero `x` gives -31)."""
+    `x ~ quantize(x * 2^s) * 2^-s` (saturating), summed in float64 with NaN terms counted as
+    0; the smallest such s on ties (so an all-zero `x` gives -31)."""
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
-    flat = flat[~np.isnan(flat)]
     lo, hi = MSE_SCALE_RANGE
     best, best_err = lo, np.inf
     for s in range(lo, hi + 1):
         d = np.ldexp(quantize(np.ldexp(flat, s), fmt), -s) - flat
-        err = float(np.dot(d, d))
+        d[np.isnan(d)] = 0.0
+        err = np.sum(d * d)
         if err < best_err:
             best, best_err = s, err
     return best
