@@ -89,3 +89,19 @@ def test_float8_inputs_are_refused_by_computing_ops():
         with pytest.raises(TypeError, match="matmul_pow2scaled"):
             ops.matmul(x, x)
         assert ops.reshape(x, (1, 2)).dtype == popxl.float8_143
+
+
+def test_create_graph_keyword_after_a_defaulted_parameter():
+    """`gelu=True` given while `bias` keeps its default must reach `gelu`, not `bias`."""
+    seen = {}
+
+    def build(x, out_features, bias=True, gelu=False):
+        seen.update(out_features=out_features, bias=bias, gelu=gelu)
+        return ops.gelu(x) if gelu else x
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(build, popxl.TensorSpec((2,), popxl.float32), out_features=3,
+                            gelu=True)
+    assert seen == {"out_features": 3, "bias": True, "gelu": True}
+    assert [op.type for op in g._data.ops] == ["Gelu"]
