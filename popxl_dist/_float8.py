@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Float8Format", "FORMATS", "NAN_CODE", "format_of", "encode", "decode",
-           "decode_table", "quantize", "mse_scale", "check_log2_scale", "LOG2_SCALE_RANGE",
+__all__ = ["Float8Format", "FORMATS", "NAN_CODE", "format_of", "encode", "encode_exact", "decode",
+           "decode_table", "mse_scale", "check_log2_scale", "LOG2_SCALE_RANGE",
            "MSE_SCALE_RANGE"]
 
 NAN_CODE = 0x80
@@ -102,36 +102,26 @@ def decode(codes: np.ndarray, fmt: Float8Format) -> np.ndarray:
 
 
 def _round(x: np.ndarray, fmt: Float8Format):
-    """(rounded magnitude, its binade exponent, its integer significand) of |x| (float64),
-    round to nearest even at the format's spacing."""
+    """(|x| rounded to nearest even in units of the format's spacing at |x|, the binade
+    exponent of |x|) for float64 `x`."""
     a = np.abs(x)
     _, k = np.frexp(a)
     e = np.maximum(k - 1, fmt.min_normal_exp)
     q = e - fmt.man_bits
-    with np.errstate(invalid="ignore", over="ignore"):
-        r = np.rint(np.ldexp(a, -q))
+    r = np.rint(np.ldexp(a, -q))
     return r, e
 
 
-def quantize(x: np.ndarray, fmt: Float8Format, saturate: bool = True) -> np.ndarray:
-    """float64 values of `x` (float64) rounded to the format, without encoding: overflow
-    saturates to +-max (or becomes NaN when not `saturate`). Keeps the sign of zeros."""
-    r, e = _round(x, fmt)
-    v = np.ldexp(r, e - fmt.man_bits)
-    big = ~(v <= fmt.max_value)
-    v = np.where(big, fmt.max_value if saturate else np.nan, v)
-    v = np.copysign(v, x)
-    return np.where(np.isnan(x), np.nan, v)
-
-
-def encode(x, fmt: Float8Format, log2_scale: int = 0,
-           nan_on_overflow: bool = True) -> np.ndarray:
-    """uint8 codes of `x * 2^log2_scale` (see the module docstring for rounding and overflow)."""
-    x = np.ldexp(np.asarray(x, dtype=np.float64), int(log2_scale))
-    m = fmt.man_bits
-    r, e = _round(x, fmt)
-    nan = np.isnan(x)
-    over = ~nan & ~(np.ldexp(r, e - m) <= fmt.max_value)
+def encode_exact(x, fmt: Float8Format, log2_scale: int = 0,
+                 nan_on_overflow: bool = True) -> np.ndarray:
+    """uint8 codes of `x * 2^log2_scale`, computed in float64 arithmetic (the definition;
+    `encode` is the fast equivalent)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.ldexp(np.asarray(x, dtype=np.float64), int(log2_scale))
+        m = fmt.man_bits
+        r, e = _round(x, fmt)
+        nan = np.isnan(x)
+        over = ~nan & ~(np.ldexp(r, e - m) <= fmt.max_value)
     r = np.where(nan | over, 0.0, r)
     bump = r >= (1 << (m + 1))                    # rounding carried into the next binade
     r = np.where(bump, r * 0.5, r)
@@ -147,15 +137,72 @@ def encode(x, fmt: Float8Format, log2_scale: int = 0,
     return code.astype(np.uint8)
 
 
+# Fast encoding by table lookup on the top 16 bits of the IEEE pattern (sign, exponent and
+# the leading mantissa bits). Every rounding boundary of both formats (a midpoint between
+# neighbours, at most 5 significant bits) has zeros below those 16 bits, so inside one bucket
+# only its lowest pattern (low bits all zero: possibly a tie) can encode differently from the
+# rest; `_tables` keeps one code for it and one for the others.
+_FLOATS = {np.dtype(np.float16): (np.uint16, 0), np.dtype(np.float32): (np.uint32, 16),
+           np.dtype(np.float64): (np.uint64, 48)}
+
+
+@lru_cache(maxsize=None)
+def _tables(fmt: Float8Format, nan_on_overflow: bool, float_dtype: np.dtype):
+    """(codes of each bucket's lowest pattern, codes of its other patterns)."""
+    uint, shift = _FLOATS[float_dtype]
+    buckets = np.arange(1 << 16, dtype=np.uint64)
+    low = (buckets << np.uint64(shift)).astype(uint)
+    rest = (low | uint((1 << shift) - 1)) if shift else low
+    lut_low = encode_exact(low.view(float_dtype), fmt, 0, nan_on_overflow)
+    lut = encode_exact(rest.view(float_dtype), fmt, 0, nan_on_overflow)
+    if shift:   # the invariant the lookup relies on
+        above = encode_exact((low + uint(1)).view(float_dtype), fmt, 0, nan_on_overflow)
+        assert np.array_equal(above, lut), "float8 encoding tables: a boundary inside a bucket"
+    for t in (lut_low, lut):
+        t.setflags(write=False)
+    return lut_low, lut, uint, shift
+
+
+def encode(x, fmt: Float8Format, log2_scale: int = 0,
+           nan_on_overflow: bool = True) -> np.ndarray:
+    """uint8 codes of `x * 2^log2_scale` (see the module docstring for rounding and overflow),
+    bit for bit `encode_exact`, by table lookup for float16/32/64 input."""
+    x = np.asarray(x)
+    if x.dtype not in _FLOATS:
+        x = x.astype(np.float64)
+    if log2_scale:
+        if x.dtype == np.float16:
+            x = x.astype(np.float32)
+        # exact: a power-of-two factor (overflow gives +-inf, which overflows float8 anyway;
+        # inexact underflow only below 2^-126, far below half the smallest float8)
+        x = x * x.dtype.type(2.0 ** int(log2_scale))
+    lut_low, lut, uint, shift = _tables(fmt, bool(nan_on_overflow), x.dtype)
+    bits = np.ascontiguousarray(x).reshape(-1).view(uint)
+    if not shift:
+        return lut[bits].reshape(x.shape)
+    bucket = (bits >> uint(shift)).astype(np.intp)
+    out = lut[bucket]
+    at_low = np.flatnonzero((bits & uint((1 << shift) - 1)) == 0)   # few, unless x is coarse
+    if at_low.size:
+        out[at_low] = lut_low[bucket[at_low]]
+    return out.reshape(x.shape)
+
+
 def mse_scale(x: np.ndarray, fmt: Float8Format) -> int:
     """The log2 scale s in [-31, 31] minimising the squared error of
-    `x ~ quantize(x * 2^s) * 2^-s` (saturating), summed in float64 with NaN terms counted as
-    0; the smallest such s on ties (so an all-zero `x` gives -31)."""
-    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    `x ~ decode(encode(x * 2^s, saturating)) * 2^-s`, summed in float64 with NaN terms counted
+    as 0; the smallest such s on ties (so an all-zero `x` gives -31)."""
+    x = np.asarray(x)
+    if x.dtype not in _FLOATS:
+        x = x.astype(np.float64)
+    flat = x.reshape(-1)
+    flat64 = flat.astype(np.float64)
+    table = decode_table(fmt)
     lo, hi = MSE_SCALE_RANGE
     best, best_err = lo, np.inf
     for s in range(lo, hi + 1):
-        d = np.ldexp(quantize(np.ldexp(flat, s), fmt), -s) - flat
+        q = table[encode(flat, fmt, s, nan_on_overflow=False)]
+        d = q.astype(np.float64) * 2.0 ** -s - flat64
         d[np.isnan(d)] = 0.0
         err = np.sum(d * d)
         if err < best_err:

@@ -101,6 +101,20 @@ def test_encode_with_log2_scale(name, log2_scale):
                                   ref_encode(x, name, log2_scale))
 
 
+@pytest.mark.parametrize("src", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("name", FORMATS)
+def test_encode_scalars_and_layouts(src, name):
+    """0-d values, ties included, and non-contiguous arrays encode like their elements."""
+    with np.errstate(over="ignore"):
+        x = probe_values(name).astype(src)           # float16: the largest become inf
+    want = ref_encode(x.astype(np.float64), name)
+    for i in range(0, x.size, 7):
+        assert host_pow2scale_cast_to_fp8(x[i], DTYPES[name]) == want[i], x[i]
+    strided = np.stack([x, x])[:, ::3].T
+    np.testing.assert_array_equal(host_pow2scale_cast_to_fp8(strided, DTYPES[name]),
+                                  np.stack([want, want])[:, ::3].T)
+
+
 @pytest.mark.parametrize("src", [np.float16, np.float32, np.float64, np.int32])
 def test_encode_input_dtypes_and_round_trip(src):
     x = np.array([[0.5, -3.0], [20.0, 112.0]]).astype(src)
