@@ -177,7 +177,7 @@ class Session:
             raise TypeError(f"Session.run: input for stream '{stream.tensor_id}' cannot be "
                             f"converted to a NumPy array: {e}") from e
         want = storage_numpy(stream.dtype)
-        if arr.dtype == stream.dtype.as_numpy() != want:
+        if arr.dtype != want and arr.dtype == stream.dtype.as_numpy():
             arr = arr.view(want).reshape(arr.shape)     # float8 structured data: its codes
         if downcast and arr.dtype != want and _DOWNCAST.get(arr.dtype) == want:
             arr = arr.astype(want)

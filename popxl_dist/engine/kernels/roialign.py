@@ -2,8 +2,8 @@
 
 The bilinear sampling is separable, so each roi's bin averages are `Ay @ X[b] @ Ax.T / count`
 with (out, size) matrices Ay, Ax that sum the bilinear weights of the bin's samples along each
-axis (ONNX RoiAlign-10 / Detectron semantics). The gradient applies the transposes and adds
-into the roi's image.
+axis (ONNX RoiAlign-10 / Detectron semantics); the rois of one image share one GEMM with it.
+The gradient applies the transposes and adds into the roi's image.
 """
 from __future__ import annotations
 
@@ -68,14 +68,19 @@ def _images(idx: np.ndarray, n: int) -> np.ndarray:
 def _roi_align(attrs, ins, outs):
     dt = np_dtype(outs[0])
     calc = F32 if dt == F16 else dt
-    n, _, height, width = ins[0].shape
+    n, c, height, width = ins[0].shape
+    r, _, p, q = outs[0].shape
 
     def run(x, rois, batch_index):
         idx = _images(batch_index, n)
         ay, ax, count = _roi_matrices(attrs, rois, height, width)
-        xs = x[idx].astype(calc, copy=False)                          # (R, C, H, W)
-        y = np.einsum("rph,rchw,rqw->rcpq", ay.astype(calc), xs, ax.astype(calc),
-                      optimize=True)
+        ay, ax = ay.astype(calc), ax.astype(calc)
+        y = np.empty((r, c, p, q), calc)
+        for b in np.unique(idx):             # one GEMM per image over all its rois' rows
+            sel = np.flatnonzero(idx == b)
+            z = np.matmul(ay[sel].reshape(-1, height), x[b].astype(calc, copy=False))
+            z = z.reshape(c, sel.size, p, width).transpose(1, 0, 2, 3)      # (S, C, P, W)
+            y[sel] = np.matmul(z, ax[sel].transpose(0, 2, 1)[:, None])
         y /= count.astype(calc).reshape(-1, 1, 1, 1)
         return y.astype(dt, copy=False)
     return run
@@ -87,15 +92,17 @@ def _roi_align_grad(attrs, ins, outs):
     dt = np_dtype(outs[0])
     calc = F32 if dt == F16 else dt
     x_shape = outs[0].shape
-    n, _, height, width = x_shape
+    n, c, height, width = x_shape
 
     def run(dy, rois, batch_index):
         idx = _images(batch_index, n)
         ay, ax, count = _roi_matrices(attrs, rois, height, width)
         g = dy.astype(calc) / count.astype(calc).reshape(-1, 1, 1, 1)
-        per_roi = np.einsum("rph,rcpq,rqw->rchw", ay.astype(calc), g, ax.astype(calc),
-                            optimize=True)
+        t = np.matmul(g, ax.astype(calc)[:, None])                           # (R, C, P, W)
         dx = np.zeros(x_shape, calc)
-        np.add.at(dx, idx, per_roi)
+        for b in np.unique(idx):
+            sel = np.flatnonzero(idx == b)
+            tb = t[sel].transpose(1, 0, 2, 3).reshape(c, -1, width)         # (C, S*P, W)
+            dx[b] = np.matmul(ay[sel].reshape(-1, height).T.astype(calc), tb)
         return dx.astype(dt, copy=False)
     return run
