@@ -10,6 +10,7 @@ Not provided: upstream's histogram machinery behind its MSE search (`find_expone
 """
 from __future__ import annotations
 
+import importlib.util
 from collections import namedtuple
 from typing import Any, Optional
 
@@ -20,12 +21,8 @@ from .dtypes import float8_143, float8_152
 
 __all__ = ["host_pow2scale_cast_to_fp8", "host_pow2scale_cast_from_fp8", "host_fp8_mse_scale"]
 
-try:  # upstream exposes whether torch tensors can be passed
-    import torch  # noqa: F401
-
-    torch_imported = True
-except ImportError:  # pragma: no cover - torch is an optional extra
-    torch_imported = False
+# upstream: whether torch tensors can be passed (found without importing torch, which is slow)
+torch_imported = importlib.util.find_spec("torch") is not None
 
 max_scaling_bias = _float8.MSE_SCALE_RANGE[1]
 min_scaling_bias = _float8.MSE_SCALE_RANGE[0]

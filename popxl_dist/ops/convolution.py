@@ -6,9 +6,9 @@ from typing import Optional, Sequence, Tuple
 
 from .. import dtypes
 from ..tensor import Tensor
-from ._builder import Out, add_op, check_same_dtype, check_tensor
+from ._builder import Out, add_op
 from .float8 import check_float8, log2_scale_tensor
-from .nn import _PAD_TYPES, _spatial_arg, conv_geometry
+from .nn import _PAD_TYPES, _spatial_arg, check_float_operands, conv_geometry
 
 __all__ = ["conv_pow2scaled", "conv_transpose", "conv_transpose_pow2scaled"]
 
@@ -123,12 +123,7 @@ def conv_transpose(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
         The output tensor (op type `ConvTranspose`).
     """
     name = "conv_transpose"
-    check_tensor(t, name, "t")
-    check_tensor(weight, name, "weight")
-    check_same_dtype(name, t, weight)
-    if not t.dtype.is_floating_point or t.dtype in dtypes.FLOAT8_DTYPES:
-        raise TypeError(f"{name}: 't' '{t.id}' must be floating point (float8: use "
-                        f"conv_transpose_pow2scaled), got {t.dtype.name}")
+    check_float_operands(name, t, weight, "conv_transpose_pow2scaled")
     attrs, shape = _transpose_geometry(name, t, weight, stride, padding, dilation, groups,
                                        pad_type, output_padding, output_shape)
     return add_op("ConvTranspose", name, [t, weight], [Out(f"{name}_out", shape, t.dtype)],

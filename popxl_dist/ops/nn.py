@@ -214,6 +214,16 @@ def _resolve_pads(opname: str, in_sp, eff_k, stride, padding, pad_type: str,
     return pads, tuple(out)
 
 
+def check_float_operands(name: str, t: Tensor, weight: Tensor, float8_op: str) -> None:
+    """`t` and `weight` are tensors of one (non-float8) floating point dtype."""
+    check_tensor(t, name, "t")
+    check_tensor(weight, name, "weight")
+    check_same_dtype(name, t, weight)
+    if not t.dtype.is_floating_point or t.dtype in dtypes.FLOAT8_DTYPES:
+        raise TypeError(f"{name}: 't' '{t.id}' must be floating point (float8: use "
+                        f"{float8_op}), got {t.dtype.name}")
+
+
 def conv_geometry(name: str, t: Tensor, weight: Tensor, stride, padding, dilation, groups,
                   pad_type: str) -> Tuple[dict, Tuple[int, ...]]:
     """(Conv attrs, output shape) of `t` (N, C, *spatial) with `weight` (M, C/groups, *k)."""
@@ -251,12 +261,7 @@ def conv(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
     float8 operands need `conv_pow2scaled`.
     """
     name = "conv"
-    check_tensor(t, name, "t")
-    check_tensor(weight, name, "weight")
-    check_same_dtype(name, t, weight)
-    if not t.dtype.is_floating_point or t.dtype in dtypes.FLOAT8_DTYPES:
-        raise TypeError(f"{name}: 't' '{t.id}' must be floating point (float8: use "
-                        f"conv_pow2scaled), got {t.dtype.name}")
+    check_float_operands(name, t, weight, "conv_pow2scaled")
     attrs, shape = conv_geometry(name, t, weight, stride, padding, dilation, groups, pad_type)
     return add_op("Conv", name, [t, weight], [Out(f"{name}_out", shape, t.dtype)], attrs)[0]
 

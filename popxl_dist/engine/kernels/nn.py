@@ -289,48 +289,30 @@ def _conv_weights_grad_fn(attrs, dy_shape, x_shape, w_shape, calc):
     return run
 
 
-def _rounded(fn, ins, outs, op_type):
-    """The kernel of a conv-family op: float inputs run `fn` in float32 for float16 and round
-    once; float8 operands with a log2_scale third input are decoded, `fn` runs in float32,
-    and the result is scaled by 2^log2_scale before rounding to the output dtype."""
-    dt = np_dtype(outs[0])
-    if len(ins) == 3:
-        from .float8 import pow2scaled
+def _conv_family(op_type: str, make_fn, doc: str):
+    """Register the kernel of a conv-family op: `make_fn(attrs, in0 shape, in1 shape, out
+    shape, calc)` in float32 for float16 (rounded once); float8 operands with a log2_scale
+    third input are decoded, run in float32 and scaled by 2^log2_scale before rounding."""
 
-        return pow2scaled(fn, ins, outs, op_type)
-    return lambda a, b: fn(a, b).astype(dt, copy=False)
+    def factory(attrs, ins, outs):
+        dt = np_dtype(outs[0])
+        fn = make_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, _calc(dt))
+        if len(ins) == 3:
+            from .float8 import pow2scaled
 
+            return pow2scaled(fn, ins, outs, op_type)
+        return lambda a, b: fn(a, b).astype(dt, copy=False)
 
-@kernel("Conv")
-def _conv_kernel(attrs, ins, outs):
-    calc = _calc(np_dtype(outs[0]))
-    fn = _conv_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, calc)
-    return _rounded(fn, ins, outs, "Conv")
-
-
-@kernel("ConvTranspose")
-def _conv_transpose_kernel(attrs, ins, outs):
-    """ins (x (N, C, *in), w (C, M/group, *k)[, log2_scale]) -> y (N, M, *out): the input
-    gradient of the conv (N, M, *out) -> (N, C, *in) with weight w."""
-    calc = _calc(np_dtype(outs[0]))
-    fn = _conv_data_grad_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, calc)
-    return _rounded(fn, ins, outs, "ConvTranspose")
+    factory.__doc__ = doc
+    kernel(op_type)(factory)
 
 
-@kernel("ConvDataGrad")
-def _conv_data_grad_kernel(attrs, ins, outs):
-    """ins (dy, w) -> dx."""
-    calc = _calc(np_dtype(outs[0]))
-    fn = _conv_data_grad_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, calc)
-    return _rounded(fn, ins, outs, "ConvDataGrad")
-
-
-@kernel("ConvWeightsGrad")
-def _conv_weights_grad_kernel(attrs, ins, outs):
-    """ins (dy, x) -> dw."""
-    calc = _calc(np_dtype(outs[0]))
-    fn = _conv_weights_grad_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, calc)
-    return _rounded(fn, ins, outs, "ConvWeightsGrad")
+_conv_family("Conv", _conv_fn, "ins (x, w[, log2_scale]) -> y.")
+_conv_family("ConvTranspose", _conv_data_grad_fn,
+             "ins (x (N, C, *in), w (C, M/group, *k)[, log2_scale]) -> y (N, M, *out): the "
+             "input gradient of the conv (N, M, *out) -> (N, C, *in) with weight w.")
+_conv_family("ConvDataGrad", _conv_data_grad_fn, "ins (dy, w) -> dx.")
+_conv_family("ConvWeightsGrad", _conv_weights_grad_fn, "ins (dy, x) -> dw.")
 
 
 class _Pooling:
