@@ -8,10 +8,10 @@ from typing import Dict, Iterable, Mapping, Optional, Set, Tuple
 import numpy as np
 
 from ._ir.records import TensorKind
+from .dtypes import FLOAT8_DTYPES, storage_numpy
 from .runtime import create_runtime
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, Variable
-from .dtypes import FLOAT8_DTYPES, storage_numpy
 from .utils import _DOWNCAST, to_numpy
 
 __all__ = ["Session"]

@@ -65,6 +65,8 @@ def _to_float8_codes(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Option
         return codes.copy() if copy else codes
     return host_pow2scale_cast_to_fp8(x, dtype, 0 if log2_scale is None else log2_scale,
                                       True if nan_on_overflow is None else nan_on_overflow)
+
+
 def table_to_string(rows: Sequence[Sequence[Any]], header: Optional[Sequence[str]] = None) -> str:
     """Format rows as a plain text table with aligned columns."""
     all_rows: List[List[str]] = ([list(map(str, header))] if header else []) + [

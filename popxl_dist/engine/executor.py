@@ -128,7 +128,8 @@ class Worker:
                     continue
                 cur = ctx.state[idx[tid]]
                 if cur is None or cur.shape != info.shape:
-                    ctx.state[idx[tid]] = np.array(src, dtype=storage_numpy(info.dtype), copy=True)
+                    ctx.state[idx[tid]] = np.array(src, dtype=storage_numpy(info.dtype),
+                                                   copy=True)
                 else:
                     cur[...] = src
 

@@ -15,8 +15,7 @@ from ._builder import Out, add_op, check_tensor
 
 __all__ = ["squeeze", "slice", "slice_", "subsample", "split", "concat", "concat_", "gather",
            "tied_gather", "groupedgather", "scatter", "scatter_reduce", "grouped_scatter_reduce",
-           "dynamic_slice",
-           "dynamic_update", "dynamic_update_", "onehot"]
+           "dynamic_slice", "dynamic_update", "dynamic_update_", "onehot"]
 
 INT_MAX = 2 ** 63 - 1
 INT_MIN = -(2 ** 63)
