@@ -6,15 +6,19 @@ replica. Replica r belongs to the group {base + i*stride}, base = (r // (stride*
 stride*size + r % stride, and its rank in the group is (r % (stride*size)) // stride. Members
 are reduced and gathered in rank order (ascending replica index).
 
-Upstream defines no gradient for these ops. Here the all-gather differentiates like
+The all-reduces are the op `ReplicatedAllReduceStrided`, whose gradient is the same op with
+the `identical_inputs` / `identical_grad_inputs` flags swapped (as upstream; see
+`popxl_addons.ops.replicated_all_reduce_TP` for the f/g semantics and the OpToIdentity
+requirement of `replicated_all_reduce_strided_identical_inputs`). Upstream defines no gradient
+for the all-gather and reduce-scatter; here the all-gather differentiates like
 `ops.collectives.replicated_all_gather` (each replica's part of the output gradient) and the
-all-reduce and reduce-scatter have none; the `*_identical_inputs` / `*_identical_grad_inputs`
-all-reduce variants, which exist only for their gradients, raise `NotImplementedError`.
+reduce-scatter has none.
 """
 from __future__ import annotations
 
 import popxl
 from popxl import ops
+from popxl.ops._tensor_parallel import ALL_REDUCE_STRIDED, replicated_all_reduce_identical
 
 from ..graph import GraphWithNamedArgs
 from ..named_tensors import NamedTensors
@@ -106,40 +110,46 @@ def replicated_reduce_scatter_strided(
             configure_output_for_replicated_tensor_sharding))
 
 
+def _all_reduce_strided(opname: str, t: popxl.Tensor, op: str,
+                        group: popxl.ReplicaGrouping | None, identical_inputs: bool,
+                        identical_grad_inputs: bool) -> popxl.Tensor:
+    _check_tensor(t, opname)
+    op = _check_reduce_op(op, opname)
+    group = _check_group(group, opname)
+    return replicated_all_reduce_identical(opname, ALL_REDUCE_STRIDED, t, op, group,
+                                           identical_inputs, identical_grad_inputs)
+
+
 def replicated_all_reduce_strided(t: popxl.Tensor, op: str = "add",
                                   group: popxl.ReplicaGrouping | None = None) -> popxl.Tensor:
-    """Every member of the group gets the reduction of `t` over the group.
+    """Every member of the group gets the reduction of `t` over the group; the gradient is the
+    all-reduce of the output gradients.
 
     Args:
         t: the tensor to reduce.
         op: "add" or "mean".
         group: constant-stride grouping (None: all replicas).
     """
-    opname = "replicated_all_reduce_strided"
-    _check_tensor(t, opname)
-    op = _check_reduce_op(op, opname)
-    group = _check_group(group, opname)
-    return ops.collectives.replicated_all_reduce(t, op=op, group=group)
+    return _all_reduce_strided("replicated_all_reduce_strided", t, op, group, False, False)
 
 
-def _no_identical_variant(name: str):
-    raise NotImplementedError(
-        f"{name} is not provided: its only purpose is its gradient (an all-reduce in the "
-        f"backward pass, identity in the forward pass or the reverse), which needs a dedicated "
-        f"op with a grad rule in popxl core. Use replicated_all_reduce_strided in the forward "
-        f"pass and reduce the gradients explicitly.")
+def replicated_all_reduce_strided_identical_inputs(
+        t: popxl.Tensor, op: str = "add",
+        group: popxl.ReplicaGrouping | None = None) -> popxl.Tensor:
+    """Forward identity (the input is identical on every member; needs the OpToIdentity
+    pattern), gradient all-reduce over the group. Arguments as `replicated_all_reduce_strided`.
+    """
+    return _all_reduce_strided("replicated_all_reduce_strided_identical_inputs", t, op, group,
+                               True, False)
 
 
-def replicated_all_reduce_strided_identical_inputs(t: popxl.Tensor, op: str = "add",
-                                                   group=None) -> popxl.Tensor:
-    """Not provided (raises NotImplementedError): forward identity, gradient all-reduce."""
-    _no_identical_variant("replicated_all_reduce_strided_identical_inputs")
-
-
-def replicated_all_reduce_strided_identical_grad_inputs(t: popxl.Tensor, op: str = "add",
-                                                        group=None) -> popxl.Tensor:
-    """Not provided (raises NotImplementedError): forward all-reduce, gradient identity."""
-    _no_identical_variant("replicated_all_reduce_strided_identical_grad_inputs")
+def replicated_all_reduce_strided_identical_grad_inputs(
+        t: popxl.Tensor, op: str = "add",
+        group: popxl.ReplicaGrouping | None = None) -> popxl.Tensor:
+    """Forward all-reduce over the group, gradient identity (the output gradient is identical
+    on every member). Arguments as `replicated_all_reduce_strided`."""
+    return _all_reduce_strided("replicated_all_reduce_strided_identical_grad_inputs", t, op,
+                               group, False, True)
 
 
 def replicated_all_reduce_strided_graph(tensors: NamedTensors, op: str = "add",
