@@ -1,5 +1,5 @@
-"""Every backend with real workers: collectives and remote buffers / RTS on 2, 4 and 8 replicas
-(stride > 1 groups included), failures surfacing in the host, bitwise-identical training on local / mpi / ray and
+"""Every backend with real workers: collectives, tensor-parallel ops and remote buffers / RTS on
+1 to 8 replicas (stride > 1 groups included), failures surfacing in the host, bitwise-identical training on local / mpi / ray and
 any worker count, and no processes left behind. Process starts are few: one `popxl-run` per
 backend for the bulk, plus the crash and Ctrl-C runs."""
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 import collective_cases
 import failure_cases
 import remote_cases
+import tp_cases
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -85,6 +86,13 @@ def test_collective_cases_on_local_backend(monkeypatch, capsys, workers):
     if workers:
         monkeypatch.setenv("POPXL_WORKERS", workers)
     assert collective_cases.main() == 0, capsys.readouterr().out[-3000:]
+
+
+@pytest.mark.parametrize("workers", [None, "2", "3"])
+def test_tp_cases_on_local_backend(monkeypatch, capsys, workers):
+    if workers:
+        monkeypatch.setenv("POPXL_WORKERS", workers)
+    assert tp_cases.main() == 0, capsys.readouterr().out[-3000:]
 
 
 @pytest.mark.parametrize("workers", [None, "3"])
