@@ -38,5 +38,6 @@ def cross_entropy_sharded_wr_loss(logits: Sequence[popxl.Tensor],
         One scalar mean loss per IPU (identical values). The gradient of each reaches its own
         IPU's shard, as each replica back-propagates its own copy of the replicated loss.
     """
-    return cross_entropy_sharded_wr(list(logits), list(indices),
-                                    handle_ipus(list(logits), ipus))
+    if ipus is not None and isinstance(logits, (list, tuple)):
+        ipus = handle_ipus(logits, ipus)
+    return cross_entropy_sharded_wr(logits, indices, ipus)
