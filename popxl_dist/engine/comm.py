@@ -166,7 +166,8 @@ class _Tree:
         if id(left) in self.owned:
             out = self.combine(left, right, out=left)
         else:
-            out = self.combine(left, right)
+            # ufuncs return NumPy scalars for 0-d operands: keep an array (it is written to)
+            out = np.asarray(self.combine(left, right))
             self.owned.add(id(out))
         self.known[(lo, hi)] = out
         return out
