@@ -6,7 +6,8 @@
 For R = 1, 2 and 4 replicas and several tensor-parallel groupings (stride 1 and 2), one Ir holds
 every case: the Megatron f/g all-reduce pairs (`replicated_all_reduce_TP`, the strided
 variants, add and mean), the plain TP all-reduce, the vocabulary-sharded cross entropy (every
-reduction, with and without ignore_index) and the distributed layer norm. Each case's forward
+reduction, with and without ignore_index), the distributed layer norm, and (forward only)
+`rts.reduce_replica_sharded_tensor` in its three forms. Each differentiable case's forward
 graph is differentiated with `popxl_addons.autodiff`, called with per-replica inputs and
 output gradients, and the patterns are applied to the whole IR; every replica's outputs and
 input gradients are compared with NumPy references written here from the per-replica inputs.
@@ -23,6 +24,7 @@ import numpy as np
 import popxl
 import popxl_addons as addons
 from popxl import ops
+from popxl_addons import rts
 from popxl_addons.ops.cross_entropy_sharded_loss import cross_entropy_sharded_loss
 from popxl_addons.ops.layer_norm_distributed import layer_norm_distributed
 from popxl_addons.ops.replicated_all_reduce_TP import (
@@ -49,13 +51,15 @@ def members(r: int, stride: int, size: int) -> list[int]:
 
 @dataclass
 class Case:
-    """`build(group, *inputs) -> outputs`; `ref(ins, dys, mem, i) -> (outputs, grads)` for the
-    replica at position i of group `mem` (`ins[k][r]` is replica r's input k)."""
+    """`build(group, *inputs) -> output`; `ref(ins, dys, mem, i) -> (outputs, grads)` for the
+    replica at position i of group `mem` (`ins[k][r]` is replica r's input k). Cases that are
+    not `differentiable` run forward only (their `ref` returns no grads)."""
 
     name: str
     inputs: Callable   # (rng, R, (stride, size)) -> per-replica (R, ...) arrays
     build: Callable
     ref: Callable
+    differentiable: bool = True
 
 
 # --- f/g all-reduce pairs --------------------------------------------------------------------
@@ -151,6 +155,38 @@ def _ln_ref(ins, dys, mem, i):
              dyr.sum(0).astype(F32)])
 
 
+# --- reduce_replica_sharded_tensor -------------------------------------------------------------
+def _chunk(flat: np.ndarray, i: int, k: int) -> np.ndarray:
+    c = -(-flat.size // k)
+    return np.concatenate([flat, np.zeros(c * k - flat.size, flat.dtype)])[i * c:(i + 1) * c]
+
+
+def _rts_inputs(rng, R, grouping):
+    return [rng.normal(size=(R, 4, 6)).astype(F32), rng.normal(size=(R, 3)).astype(F32)]
+
+
+def _rts_build(group, x, y):
+    """Three outputs concatenated: reduce-scatter over `group`; all-reduce over every replica
+    then this replica's shard over `group`; and an all-reduce (3 elements do not divide)."""
+    every = x.ir.replica_grouping()
+    parts = [rts.reduce_replica_sharded_tensor(x, "add", group, group),
+             rts.reduce_replica_sharded_tensor(x, "mean", every, group),
+             rts.reduce_replica_sharded_tensor(y, "add", group, group)]
+    return ops.concat([p.reshape((p.nelms,)) for p in parts], 0)
+
+
+def _rts_ref(ins, dys, mem, i):
+    x, y = ins
+    R, k = x.shape[0], len(mem)
+    if k > 1:
+        scattered = _chunk(sum(x[m] for m in mem).reshape(-1), i, k)
+        sliced = _chunk((sum(x) / R).reshape(-1), i, k)
+    else:
+        scattered, sliced = x[mem[0]].reshape(-1), (sum(x) / R).reshape(-1)
+    whole = sum(y[m] for m in mem) if 3 % k else _chunk(sum(y[m] for m in mem), i, k)
+    return [np.concatenate([scattered, sliced, whole.reshape(-1)])], []
+
+
 CASES = [
     _fg_case("replicated_all_reduce_TP f/g[add]", replicated_all_reduce_identical_inputs,
              replicated_all_reduce_identical_grad_inputs, "add"),
@@ -163,6 +199,8 @@ CASES = [
     *[_ce_case(red, ign) for red in ("mean", "sum", "none") for ign in (False, True)],
     Case("layer_norm_distributed", _ln_inputs,
          lambda group, x, w, b: layer_norm_distributed(x, w, b, 1e-5, group), _ln_ref),
+    Case("reduce_replica_sharded_tensor", _rts_inputs, _rts_build, _rts_ref,
+         differentiable=False),
 ]
 
 
@@ -185,13 +223,17 @@ def run(R: int, grouping: tuple[int, int], results: list[tuple[str, str]]) -> No
             ins = case.inputs(rng, R, grouping)
             specs = [popxl.TensorSpec(a.shape[1:], popxl.dtype.as_dtype(a.dtype)) for a in ins]
             fwd = ir.create_graph(lambda *xs, c=case: c.build(group, *xs), *specs)
-            required = [t for t in fwd.inputs if t.dtype.is_floating_point]
-            bwd = addons.autodiff(fwd, grads_required=required)
             loaded = []
             for j, a in enumerate(ins):
                 s = popxl.h2d_stream(a.shape[1:], popxl.dtype.as_dtype(a.dtype), f"in{ci}_{j}")
                 feeds[s] = a
                 loaded.append(ops.host_load(s))
+            if not case.differentiable:
+                y = ops.call(fwd, *loaded)[0]
+                built.append((case, ins, None, [addons.host_store(y)]))
+                continue
+            required = [t for t in fwd.inputs if t.dtype.is_floating_point]
+            bwd = addons.autodiff(fwd, grads_required=required)
             info = ops.call_with_info(fwd, *loaded)
             y = info.outputs[0]
             dy = rng.normal(size=(R, *y.shape)).astype(F32)
