@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import dtypes
 from ..tensor import Tensor, constant
-from ._builder import Out, add_op, check_tensor
+from ._builder import Out, add_op, check_float_tensors, check_tensor
 
 __all__ = ["rotary_pos_embed", "group_quantize_decompress", "linear_layout",
            "dense_const_sparse_matmul"]
@@ -24,11 +24,7 @@ def rotary_pos_embed(t: Tensor, sin: Tensor, cos: Tensor, rotary_dim: Optional[i
     """Rotate the first `rotary_dim` features of `t` (`(..., seq, head_dim)`) by position
     (op `RotaryPosEmbed`; `RotaryPosEmbedGrad` rotates backwards)."""
     opname = "rotary_pos_embed"
-    for name, x in (("t", t), ("sin", sin), ("cos", cos)):
-        check_tensor(x, opname, name)
-        if x.dtype not in _FLOATS:
-            raise TypeError(f"{opname}: '{x.id}' must be float32 or float16, got "
-                            f"{x.dtype.name}")
+    check_float_tensors(opname, _FLOATS, t=t, sin=sin, cos=cos)
     if t.rank < 2:
         raise ValueError(f"{opname}: '{t.id}' must be (..., seq, head_dim), got {t.shape}")
     seq, head = t.shape[-2], t.shape[-1]
@@ -121,9 +117,7 @@ def dense_const_sparse_matmul(lhs: Tensor, rhs, output_cols: int) -> Tensor:
     """`lhs @ rhs` with `rhs` a constant CSR matrix (op `DenseConstSparseMatMul`; its CSR
     arrays are constant inputs)."""
     opname = "dense_const_sparse_matmul"
-    check_tensor(lhs, opname, "lhs")
-    if lhs.dtype not in _FLOATS:
-        raise TypeError(f"{opname}: 'lhs' must be float32 or float16, got {lhs.dtype.name}")
+    check_float_tensors(opname, _FLOATS, lhs=lhs)
     data, indices, indptr, shape = csr_arrays(rhs)
     if lhs.rank < 1 or lhs.shape[-1] != shape[0]:
         raise ValueError(f"{opname}: '{lhs.id}' {lhs.shape} @ sparse {shape}: inner dims "

@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence, Union
 from .. import dtypes
 from ..replica_grouping import ReplicaGrouping
 from ..tensor import Tensor, constant
-from ._builder import Out, add_op, check_tensor
+from ._builder import Out, add_op, check_float_tensors, check_tensor
 from .collectives import REDUCE_OPS, _check_op, _group_attrs
 
 __all__ = ["replicated_all_reduce_identical", "cross_entropy_sharded",
@@ -50,17 +50,14 @@ def replicated_all_reduce_identical(opname: str, op_type: str, t: Tensor, op: st
                   [Out(f"{t.name}_all_reduce", t.shape, t.dtype, t.meta_shape)], attrs)[0]
 
 
-# --- sharded cross entropy ---------------------------------------------------------------------
+# --- sharded cross entropy -------------------------------------------------------------------
 def _check_logits_indices(opname: str, logits: Tensor, indices: Tensor,
                           lname: str = "logits", iname: str = "indices") -> None:
-    check_tensor(logits, opname, lname)
+    check_float_tensors(opname, _FLOATS, **{lname: logits})
     check_tensor(indices, opname, iname)
     if logits.rank != 2:
         raise ValueError(f"{opname}: '{logits.id}' must be 2-D (samples, classes of this shard), "
                          f"got {logits.shape}")
-    if logits.dtype not in _FLOATS:
-        raise TypeError(f"{opname}: '{logits.id}' must be float32 or float16, got "
-                        f"{logits.dtype.name}")
     if indices.shape != logits.shape[:1]:
         raise ValueError(f"{opname}: '{indices.id}' must have shape {logits.shape[:1]} (one "
                          f"class index per row of '{logits.id}' {logits.shape}), got "
@@ -143,17 +140,13 @@ def cross_entropy_sharded_wr(logits: Sequence[Tensor], indices: Sequence[Tensor]
     return outs[:k]
 
 
-# --- distributed layer norm ----------------------------------------------------------------------
+# --- distributed layer norm ------------------------------------------------------------------
 def layer_norm_distributed(t: Tensor, w: Tensor, b: Tensor, epsilon: float = 1e-5,
                            group: Optional[ReplicaGrouping] = None) -> Tensor:
     """Layer norm over the last axis of `t`, whose hidden axis is sharded over the replicas of
     each group (op `LayerNormDistributed`)."""
     opname = "layer_norm_distributed"
-    for name, x in (("t", t), ("w", w), ("b", b)):
-        check_tensor(x, opname, name)
-        if x.dtype not in _FLOATS:
-            raise TypeError(f"{opname}: '{x.id}' must be float32 or float16, got "
-                            f"{x.dtype.name}")
+    check_float_tensors(opname, _FLOATS, t=t, w=w, b=b)
     if t.rank < 1:
         raise ValueError(f"{opname}: '{t.id}' must have a hidden axis, got a scalar")
     h = t.shape[-1]

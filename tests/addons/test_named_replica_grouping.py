@@ -2,8 +2,6 @@
 to one popdist instance (`ir.instance_replication_factor` replicas) or one IPU-link domain."""
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 import popxl
@@ -64,7 +62,7 @@ def test_single_controller_has_one_instance():
         assert get_instance_replica_grouping().group_size == 4
 
 
-def test_ild_size_and_grouping(monkeypatch, caplog):
+def test_ild_size_and_grouping(monkeypatch):
     ir = popxl.Ir(replication=8)
     with ir.main_graph:
         monkeypatch.delenv("POPLAR_TARGET_OPTIONS", raising=False)

@@ -95,10 +95,10 @@ def _decompress_ref(packed, scale, bias, dim):
     G, W = packed.shape[-2:]
     out = np.zeros(lead + (G * W * 4,), np.float32)
     for idx in np.ndindex(lead + (G, W * 4)):
-        *l, g, j = idx
-        code = (int(packed[(*l, g, j // 4)]) >> (4 * (j % 4))) & 15
-        out[(*l, g * W * 4 + j)] = code * np.float32(scale[(*l, g, 0)]) + np.float32(
-            bias[(*l, g, 0)])
+        *rest, g, j = idx
+        code = (int(packed[(*rest, g, j // 4)]) >> (4 * (j % 4))) & 15
+        out[(*rest, g * W * 4 + j)] = code * np.float32(scale[(*rest, g, 0)]) + np.float32(
+            bias[(*rest, g, 0)])
     return np.moveaxis(out.astype(scale.dtype), -1, dim)
 
 
