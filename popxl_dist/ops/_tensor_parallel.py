@@ -167,7 +167,7 @@ def layer_norm_distributed(t: Tensor, w: Tensor, b: Tensor, epsilon: float = 1e-
     return y
 
 
-# --- gradient norms --------------------------------------------------------------------------------
+# --- gradient norms ---------------------------------------------------------------------------
 def grad_reduce_square_add(t: Tensor, loss_scaling: Union[float, Tensor]) -> Tensor:
     """float32 scalar `sum(t**2) / loss_scaling**2` (op `GradReduceSquareAdd`)."""
     opname = "grad_reduce_square_add"

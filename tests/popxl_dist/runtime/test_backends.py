@@ -1,7 +1,7 @@
 """Every backend with real workers: collectives, tensor-parallel ops and remote buffers / RTS on
 1 to 8 replicas (stride > 1 groups included), failures surfacing in the host, bitwise-identical
-training on local / mpi / ray and any worker count, and no processes left behind. Process starts are few: one `popxl-run` per
-backend for the bulk, plus the crash and Ctrl-C runs."""
+training on local / mpi / ray and any worker count, and no processes left behind. Process starts
+are few: one `popxl-run` per backend for the bulk, plus the crash and Ctrl-C runs."""
 from __future__ import annotations
 
 import importlib.util
