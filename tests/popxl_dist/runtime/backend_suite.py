@@ -1,8 +1,8 @@
-"""One process start per backend: the collective and remote-buffer cases, failure scenarios and
-a short data-parallel MNIST run, all in one host script.
+"""One process start per backend: the collective, tensor-parallel, remote-buffer and float8
+cases, failure scenarios and a short data-parallel MNIST run, all in one host script.
 
-    popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--failures a,b]
-              [--no-cases] [--transport-stats PATH]
+    popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--gpt-losses PATH]
+              [--failures a,b] [--no-cases] [--transport-stats PATH]
 
 Prints the lines of each part; exit status = number of failed parts.
 """
@@ -19,12 +19,18 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import collective_cases  # noqa: E402
 import failure_cases  # noqa: E402
+import fp8_cases  # noqa: E402
 import remote_cases  # noqa: E402
+import tp_cases  # noqa: E402
+
+
+GPT_ARGS = ["--tp", "2", "--dp", "2", "--steps", "3", "--compare"]
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--dp-weights", default="")
+    p.add_argument("--gpt-losses", default="")
     p.add_argument("--failures", default="")
     p.add_argument("--no-cases", action="store_true")
     p.add_argument("--transport-stats", default="",
@@ -34,12 +40,18 @@ def main() -> int:
     if not ns.no_cases:
         failed += collective_cases.main() != 0
         failed += remote_cases.main() != 0
+        failed += tp_cases.main() != 0
+        failed += fp8_cases.main() != 0
     if ns.dp_weights:
         import mnist_data_parallel
 
         failed += mnist_data_parallel.main(["--limit", "6", "--test-batches", "2",
                                             "--no-progress", "--save-weights",
                                             ns.dp_weights]) not in (0, None)
+    if ns.gpt_losses:
+        import gpt_tiny_tp
+
+        failed += gpt_tiny_tp.main(GPT_ARGS + ["--save-losses", ns.gpt_losses]) != 0
     if ns.transport_stats:
         import json
 
