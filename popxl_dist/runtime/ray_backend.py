@@ -48,15 +48,19 @@ _FIN_DELAY = 0.05        # tell waiting workers who finished once a run takes th
 _STATS = "__transport_stats__"
 
 
-def _blas_threads_env() -> dict:
-    """The BLAS thread counts of this process, for the actors: Ray would set them to the actor's
-    CPU count (1), and OpenBLAS gives different bits with different thread counts, which would
-    break bitwise agreement with the local and MPI backends."""
+def _actor_env() -> dict:
+    """The actors' environment. BLAS thread counts are this process's: Ray would set them to
+    the actor's CPU count (1), and OpenBLAS gives different bits with different thread counts,
+    which would break bitwise agreement with the local and MPI backends."""
     default = str(os.cpu_count() or 1)
     env = {var: os.environ.get(var, default)
            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     # Idle BLAS threads of several actors per core would spin against each other.
     env["OPENBLAS_THREAD_TIMEOUT"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "4")
+    # Ray starts workers at niceness 15: with any other load on the node they would starve,
+    # and every collective (and the driver, worker 0) waits for the slowest worker. MPI ranks
+    # run at normal priority; so do ours.
+    env["RAY_worker_niceness"] = "0"
     return env
 
 
@@ -285,7 +289,7 @@ class RayPool(WorkerPool):
         token = secrets.token_bytes(16)
         timeout = self.endpoint.timeout
         cls = ray.remote(num_cpus=1)(_ActorWorker)
-        opts = {"runtime_env": {"env_vars": _blas_threads_env()},
+        opts = {"runtime_env": {"env_vars": _actor_env()},
                 "scheduling_strategy": "SPREAD"}
         mesh = MeshMember(self.endpoint, self.job, token, self.size, self.node, ip, use_shm)
         try:
