@@ -120,12 +120,12 @@ class Endpoint:
         kind = m.kind
         if kind == DATA:
             if m.run_id < self.run_id:                 # a late arrival of an aborted run
-                self.buffers.put(m.bufs[0])
+                self.buffers.put(m.body)
                 return
             dtype = self._dtypes.get(m.meta)
             if dtype is None:
                 dtype = self._dtypes[m.meta] = np.dtype(m.meta.decode())
-            self.data[(m.src, m.run_id, m.a, m.b)] = (m.bufs[0].view(dtype), m.bufs[0])
+            self.data[(m.src, m.run_id, m.a, m.b)] = (m.bufs[0].view(dtype), m.body)
         elif kind == REPLY:
             self.replies[m.src] = m
         elif kind == CMD:

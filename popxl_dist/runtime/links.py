@@ -3,9 +3,11 @@ shared-memory rings and on sockets, messages of any size (streamed through the p
 drains), never blocking.
 
 A message is a kind, a run id, two integers (`a`, `b`: e.g. a collective's tag and sequence
-number), a `meta` byte string and any number of raw buffers. On the wire: a fixed header, the
-buffer lengths, `meta`, then each buffer. The receiver copies each buffer straight into memory
-it allocated for it (`alloc`), once.
+number), a `meta` byte string and any number of raw buffers. On the wire: a fixed header (with
+the body's length), then the body: the buffer lengths, `meta`, and each buffer at a 64-byte
+aligned offset. The receiver reads the body into one array it allocates (`alloc`) and hands out
+the buffers as views of it: one copy, two reads for a whole message. Small messages leave in
+one write.
 """
 from __future__ import annotations
 
@@ -20,7 +22,23 @@ __all__ = ["Link", "Message", "CMD", "REPLY", "DATA", "ABORT", "FIN", "BYE", "KI
 CMD, REPLY, DATA, ABORT, FIN, BYE = 1, 2, 3, 4, 5, 6
 KIND_NAMES = {CMD: "command", REPLY: "reply", DATA: "data", ABORT: "abort", FIN: "finished",
               BYE: "bye"}
-_HDR = struct.Struct("<IIqqqQ")           # kind, number of buffers, run id, a, b, len(meta)
+# kind, number of buffers, run id, a, b, len(meta), len(body)
+_HDR = struct.Struct("<IIqqqQQ")
+_SMALL = 64 << 10          # messages up to this size are joined into one write
+_PADS = [bytes(i) for i in range(64)]
+
+
+def _aligned(n: int) -> int:
+    return (n + 63) & ~63
+
+
+def _layout(meta_len: int, lens: Sequence[int]) -> List[int]:
+    """Offsets of the buffers in a body holding their lengths, `meta`, then the buffers."""
+    offsets, off = [], _aligned(8 * len(lens) + meta_len)
+    for n in lens:
+        offsets.append(off)
+        off = _aligned(off + n)
+    return offsets
 
 
 class Message(NamedTuple):
@@ -30,7 +48,8 @@ class Message(NamedTuple):
     a: int
     b: int
     meta: bytes
-    bufs: List[np.ndarray]                # uint8 arrays
+    bufs: List[np.ndarray]                # uint8 views of `body`
+    body: np.ndarray                      # the uint8 array the message was received into
 
 
 def _bytes_view(buf) -> memoryview:
@@ -40,7 +59,7 @@ def _bytes_view(buf) -> memoryview:
 
 class Link:
     """Messages to and from peer `peer` through `out` and `inp` (one object for a socket).
-    `alloc(kind, nbytes)` gives the uint8 array a received buffer is copied into."""
+    `alloc(kind, nbytes)` gives the uint8 array a received message body is copied into."""
 
     def __init__(self, peer: int, out, inp, alloc: Callable[[int, int], np.ndarray]):
         self.peer = peer
@@ -64,16 +83,25 @@ class Link:
         buffers are read until the message has left the queue: keep them unchanged until
         `flush()` returns True."""
         views = [_bytes_view(b_) for b_ in bufs]
-        head = _HDR.pack(kind, len(views), run_id, a, b, len(meta))
+        lens = [len(v) for v in views]
+        offsets = _layout(len(meta), lens)
+        body_len = offsets[-1] + lens[-1] if views else len(meta)
+        parts: list = [_HDR.pack(kind, len(views), run_id, a, b, len(meta), body_len)]
         if views:
-            head += struct.pack(f"<{len(views)}Q", *(len(v) for v in views))
+            parts.append(struct.pack(f"<{len(views)}Q", *lens))
+        parts.append(meta)
+        pos = 8 * len(views) + len(meta)
+        for off, v in zip(offsets, views):
+            parts.append(_PADS[off - pos])
+            parts.append(v)
+            pos = off + len(v)
         q = self._queue
-        q.append(memoryview(head))
-        if meta:
-            q.append(memoryview(meta))
-        for v in views:
-            if len(v):
-                q.append(v)
+        if body_len <= _SMALL:
+            q.append(memoryview(b"".join(parts)))
+        else:
+            for part in parts:
+                if len(part):
+                    q.append(memoryview(part))
         self.flush()
 
     def flush(self) -> bool:
@@ -99,12 +127,9 @@ class Link:
     # --- receiving ---------------------------------------------------------------------------
     def _start_message(self) -> None:
         self._hdr = bytearray(_HDR.size)
-        self._targets: List[memoryview] = [memoryview(self._hdr)]
-        self._ti = 0
+        self._target = memoryview(self._hdr)
         self._off = 0
-        self._stage = 0                      # 0: header, 1: buffer lengths, 2: meta + buffers
-        self._bufs: List[np.ndarray] = []
-        self._meta = b""
+        self._head = None                    # the parsed header while the body arrives
 
     def pump(self, deliver: Callable[[Message], None]) -> bool:
         """Read what has arrived; `deliver` each complete message. True if anything arrived."""
@@ -113,44 +138,35 @@ class Link:
             return False
         progressed = False
         while True:
-            target = self._targets[self._ti]
-            n = inp.readinto(target[self._off:]) if self._off < len(target) else 0
-            if n:
+            target, off = self._target, self._off
+            if off < len(target):
+                n = inp.readinto(target[off:])
+                if not n:
+                    return progressed
                 progressed = True
                 self.received += n
-                self._off += n
-            if self._off < len(target):
-                return progressed
-            self._ti += 1
-            self._off = 0
-            if self._ti == len(self._targets) and self._next_stage(deliver):
-                progressed = True
+                self._off = off = off + n
+                if off < len(target):
+                    return progressed
+            if self._head is None:
+                head = self._head = _HDR.unpack(self._hdr)
+                self._body = self._alloc(head[0], head[6])
+                self._target = memoryview(self._body)
+                self._off = 0
+            else:
+                self._deliver_body(deliver)
 
-    def _next_stage(self, deliver: Callable[[Message], None]) -> bool:
-        """The current part is complete: set up the next one; True if a message was delivered."""
-        if self._stage == 0:
-            kind, nbufs, run_id, a, b, meta_len = _HDR.unpack(self._hdr)
-            self._head = (kind, run_id, a, b)
-            self._meta_len = meta_len
-            if nbufs:
-                self._lens = bytearray(8 * nbufs)
-                self._targets, self._ti, self._stage = [memoryview(self._lens)], 0, 1
-                return False
-            lens: Sequence[int] = ()
-        elif self._stage == 1:
-            lens = struct.unpack(f"<{len(self._lens) // 8}Q", self._lens)
+    def _deliver_body(self, deliver: Callable[[Message], None]) -> None:
+        kind, nbufs, run_id, a, b, meta_len, _ = self._head
+        body = self._body
+        if nbufs:
+            lens = struct.unpack_from(f"<{nbufs}Q", body)
+            bufs = [body[off:off + n] for off, n in zip(_layout(meta_len, lens), lens)]
         else:
-            kind, run_id, a, b = self._head
-            msg = Message(kind, self.peer, run_id, a, b, bytes(self._meta), self._bufs)
-            self._start_message()
-            deliver(msg)
-            return True
-        kind = self._head[0]
-        self._meta = bytearray(self._meta_len)
-        self._bufs = [self._alloc(kind, n) for n in lens]
-        self._targets = [memoryview(self._meta)] + [memoryview(b_) for b_ in self._bufs]
-        self._ti, self._stage = 0, 2
-        return False
+            bufs = []
+        meta = body[8 * nbufs:8 * nbufs + meta_len].tobytes()
+        self._start_message()
+        deliver(Message(kind, self.peer, run_id, a, b, meta, bufs, body))
 
     def close(self) -> None:
         self.out.close()

@@ -113,6 +113,46 @@ def test_messages_of_any_size_arrive_whole_and_in_order(make, prefix):
     b.close()
 
 
+class _CountingPipe:
+    """A socket pipe that counts its writes."""
+
+    def __init__(self, pipe):
+        self.pipe, self.writes = pipe, 0
+        self.kind, self.readinto = pipe.kind, pipe.readinto
+
+    @property
+    def dead(self):
+        return self.pipe.dead
+
+    def write(self, view):
+        self.writes += 1
+        return self.pipe.write(view)
+
+    def close(self):
+        self.pipe.close()
+
+
+def test_a_message_is_received_into_one_body_with_aligned_buffers_and_small_ones_leave_in_one_write():
+    a_pipe, b_pipe = socket_pair()
+    out = _CountingPipe(a_pipe)
+    alloc = lambda kind, n: np.empty(n, np.uint8)  # noqa: E731
+    a, b = Link(1, out, a_pipe, alloc), Link(0, b_pipe, b_pipe, alloc)
+    bufs = [np.arange(3, dtype=np.int8), np.ones(5, np.float64), np.zeros(0, np.uint8)]
+    a.post(CMD, 1, 0, 0, b"meta", bufs)
+    assert out.writes == 1                                   # header, body and buffers joined
+    got = []
+    while not got:
+        a.flush()
+        b.pump(got.append)
+    m = got[0]
+    for g, q in zip(m.bufs, bufs):
+        assert bytes(g) == q.tobytes()
+        assert np.shares_memory(g, m.body) or g.size == 0    # views of the one received array
+        offset = g.__array_interface__["data"][0] - m.body.__array_interface__["data"][0]
+        assert offset % 64 == 0                              # any dtype can view them
+    assert m.meta == b"meta"
+
+
 def test_encode_sends_arrays_out_of_band_and_decodes_them():
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     obj = ("run", 3, ([x, x[:, 1]], [((3,), np.dtype(np.int16))]))
