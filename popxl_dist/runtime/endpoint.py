@@ -254,9 +254,11 @@ class EndpointTransport(Transport):
             if dead:
                 raise ep.died(dead, f"while worker {ep.index} waited in a collective (tag {tag})")
             if time.monotonic() > deadline:
-                raise CollectiveTimeout(
+                err = CollectiveTimeout(
                     f"worker {ep.index}: collective (tag {tag}) got no data from worker(s) "
                     f"{waiting} within {ep.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                err.workers = tuple(waiting)           # the silent workers (the executor
+                raise err                              # names their replicas and the op)
             backoff.wait()
         got = {}
         for p, (n, dtype) in recvs.items():

@@ -247,8 +247,9 @@ def test_exchange_raises_abort_timeout_divergence_and_death(prefix):
     eps = _mesh(prefix, 2, "socket", timeout=0.5)
     tr = EndpointTransport(eps[0], lambda run_id, waiting: False)
     tr.start_run(1)
-    with pytest.raises(CollectiveTimeout, match=r"worker\(s\) \[1\] within 0.5 s"):
+    with pytest.raises(CollectiveTimeout, match=r"worker\(s\) \[1\] within 0.5 s") as info:
         tr.exchange({1: np.ones(3, np.float32)}, {1: (3, np.float32)}, tag=5)
+    assert info.value.workers == (1,)                  # the silent worker, for the executor
 
     eps[0].aborted[2] = "worker 1 failed: boom"
     tr.start_run(2)
