@@ -160,7 +160,10 @@ class _Watchdog:
         while not self._stop.wait(self.period):
             if self._tid is None or self._raised:
                 continue
-            dead = self.pool.dead_workers()
+            try:
+                dead = self.pool.dead_workers()
+            except Exception:  # noqa: BLE001 - e.g. Ray shutting down: check again later
+                continue
             with self._lock:
                 if dead and self._tid is not None and not self._stop.is_set():
                     err = self.pool.died(dead)
