@@ -1,6 +1,6 @@
 """`popxl.transforms`: autodiff and the exchange-merging contexts."""
 from .autodiff import ExpectedConnection, ExpectedConnectionType, GradGraphInfo, autodiff
-from .exchange import decompose_sum, io_tile_exchange, merge_exchange
+from .merge_exchange import decompose_sum, io_tile_exchange, merge_exchange
 
 __all__ = ["autodiff", "GradGraphInfo", "ExpectedConnection", "ExpectedConnectionType",
            "merge_exchange", "io_tile_exchange", "decompose_sum"]
