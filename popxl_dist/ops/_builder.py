@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import dtypes
 from .._ir.records import Op, TensorInfo, TensorKind
+from .._pb_shim import op_view
 from ..context import get_current_context, gcg
 from ..graph import Graph
 from ..tensor import Tensor, constant
@@ -123,7 +124,7 @@ def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: 
             tuple(t.id for t in inputs), tuple(out_ids), attrs or {}, tuple(called),
             ctx.ipu_id, ctx.tile_set, ctx.execution_context, debug_location())
     gd.add_op(op)
-    g._op_created(op)
+    ctx._op_created(op_view(g, op))
     return [g._tensor(t) for t in out_ids]
 
 
