@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ._device import DeviceInfo, DeviceType
 from ._errors import (OutOfMemoryException, popart_exception, popart_internal_exception,
                       poplar_application_runtime_error, poplar_exception,
                       poplar_recoverable_runtime_error, poplar_runtime_error,
@@ -32,8 +33,8 @@ __all__ = [
     "AccumulateOuterFragmentSchedule", "AccumulateOuterFragmentSettings",
     "ExecutionPhaseSchedule", "MeanReductionStrategy", "Instrumentation", "DotCheck",
     "PatternsLevel", "CollectiveOperator", "TensorLocation", "TensorLocationSettings",
-    "OptimizerValue", "PyWeightsIO", "CommGroup", "CommGroupType", "TileSet",
-    "ExecutionContext",
+    "OptimizerValue", "PyWeightsIO", "DeviceInfo", "DeviceType", "CommGroup", "CommGroupType",
+    "TileSet", "ExecutionContext",
 ]
 
 # The PopART release whose PopXL API the emulator follows (see the references).

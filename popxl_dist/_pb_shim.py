@@ -65,7 +65,7 @@ class PbTensorInfo:
 
     def dataType(self) -> str:
         """The data type in PopART's spelling (FLOAT, FLOAT16, INT32, ...)."""
-        return _PB_DTYPE.get(self._info.dtype.name, self._info.dtype.name.upper())
+        return self._info.dtype._pb_dtype
 
     def nelms(self) -> int:
         return self._info.nelms
@@ -77,7 +77,6 @@ class PbTensorInfo:
         return f"{{shape: {self.shape()}, type: {self.dataType()}}}"
 
 
-_PB_DTYPE = {"float32": "FLOAT", "float16": "FLOAT16", "float64": "DOUBLE", "bool": "BOOL"}
 _TENSOR_TYPES = {TensorKind.VARIABLE: "Variable", TensorKind.CONSTANT: "Const",
                  TensorKind.STREAM: "Stream"}
 

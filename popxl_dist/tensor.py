@@ -11,7 +11,7 @@ from ._ir.records import TensorInfo, TensorKind
 from .context import gcg
 from .errors import UndefinedValue
 from .tensorlocation import TileSet
-from .utils import to_numpy
+from .utils import _float8_conversion, to_numpy
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -44,8 +44,8 @@ class TensorSpec(collections.abc.Mapping):
     dtype = property(lambda self: self._d["dtype"])
     meta_shape = property(lambda self: self._d["meta_shape"])
 
-    def __getitem__(self, k: str) -> Any:
-        return self._d[k]
+    def __getitem__(self, key: str) -> Any:
+        return self._d[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._d)
@@ -419,10 +419,7 @@ def graph_output(t: Tensor) -> None:
 
 
 def _check_float8_args(d, log2_scale, nan_on_overflow, what: str) -> None:
-    if d is not None and d in dtypes.FLOAT8_DTYPES:
-        dtypes.check_not_float8(d, what)
-    if log2_scale is not None or nan_on_overflow is not None:
-        raise RuntimeError(f"{what}: log2_scale and nan_on_overflow are only for float8 dtypes")
+    _float8_conversion(log2_scale, nan_on_overflow, d, what)
 
 
 def _host_array(data, dtype, downcast, what: str) -> np.ndarray:
@@ -487,7 +484,8 @@ def __getattr__(name: str) -> Any:
     # Upstream defines the remote/RTS factories in this module; they live in remote_buffer.py
     # (which imports this module), so they are looked up on first use.
     if name in _REMOTE_FACTORIES:
-        from . import remote_buffer
+        import importlib
 
-        return getattr(remote_buffer, name)
+        # (`popxl.remote_buffer` is the function of that name, not the module)
+        return getattr(importlib.import_module(f"{__package__}.remote_buffer"), name)
     raise AttributeError(f"module 'popxl.tensor' has no attribute '{name}'")

@@ -1,25 +1,50 @@
-"""Host-data helpers: `to_numpy` (upstream's conversion and downcast rules) and `table_to_string`."""
+"""Host-data helpers: `to_numpy` (upstream's conversion and downcast rules), `table_to_string`,
+and the device helpers upstream's Session uses (here every device is the emulator)."""
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
 from . import dtypes
 
-__all__ = ["to_numpy", "table_to_string"]
+__all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes", "HW_DEVICE_CONNECTION_TIMEOUT",
+           "torch_imported"]
 
-_DOWNCAST = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
-             np.dtype(np.float64): np.dtype(np.float32)}
+# Whether torch is installed (upstream: whether `import torch` succeeded). Not imported here:
+# torch tensors are recognised by their module when they are passed in.
+torch_imported = importlib.util.find_spec("torch") is not None
+HW_DEVICE_CONNECTION_TIMEOUT = int(1e4)
+
+downcast_np_dtypes = {np.dtype(np.int64): np.dtype(np.int32),
+                      np.dtype(np.uint64): np.dtype(np.uint32),
+                      np.dtype(np.float64): np.dtype(np.float32)}
+_DOWNCAST = downcast_np_dtypes
+
+
+def _float8_conversion(log2_scale: Optional[int], nan_on_overflow: Optional[bool],
+                       dtype: Optional[dtypes.dtype], what: str) -> None:
+    """The float8 arguments of the host conversions. Upstream raises RuntimeError when they are
+    given for a non-float8 dtype; float8 storage itself is not emulated yet (NotImplementedError).
+    The float8 work fills this in (one place for every conversion)."""
+    if dtype is not None and dtype in dtypes.FLOAT8_DTYPES:
+        dtypes.check_not_float8(dtype, what)
+    if log2_scale is not None or nan_on_overflow is not None:
+        raise RuntimeError(f"{what}: log2_scale and nan_on_overflow are only for float8 dtypes "
+                           f"(got dtype {dtype!r})")
 
 
 def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True,
-             copy: bool = True) -> np.ndarray:
+             copy: bool = True, log2_scale: Optional[int] = None,
+             nan_on_overflow: Optional[bool] = None) -> np.ndarray:
     """Convert host data (NumPy, Python scalars/sequences, torch tensors) to a NumPy array.
 
     With no `dtype`, 64-bit ints and floats are downcast to 32 bits when `downcast` is true
-    (Python ints become int32, floats float32). A memmap is returned as it is.
+    (Python ints become int32, floats float32). A memmap is returned as it is. `log2_scale` and
+    `nan_on_overflow` apply to float8 targets only.
     """
+    _float8_conversion(log2_scale, nan_on_overflow, dtype, "to_numpy")
     if isinstance(x, np.memmap):
         arr = x
     elif type(x).__module__.startswith("torch"):
@@ -27,7 +52,6 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     else:
         arr = np.array(x, copy=copy) if copy else np.asarray(x)
     if dtype is not None:
-        dtypes.check_not_float8(dtype, "to_numpy")
         want = dtype.as_numpy()
         if arr.dtype != want:
             arr = arr.astype(want)
@@ -36,14 +60,50 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     return arr
 
 
-def table_to_string(rows: Sequence[Sequence[Any]], header: Optional[Sequence[str]] = None) -> str:
-    """Format rows as a plain text table with aligned columns."""
-    all_rows: List[List[str]] = ([list(map(str, header))] if header else []) + [
-        [str(c) for c in r] for r in rows]
-    if not all_rows:
+def _popxl_to_numpy(t) -> np.ndarray:
+    """The host value a Constant or Variable was created with."""
+    from .tensor import Constant, Variable
+
+    if not isinstance(t, (Constant, Variable)):
+        raise TypeError(f"_popxl_to_numpy: only Constants and Variables have host data, got {t!r}")
+    return np.array(t._info.data, copy=True)
+
+
+def table_to_string(rows: Sequence[Sequence[Any]], delimiter: str = " | ",
+                    header: bool = True) -> str:
+    """Format rows as a text table with aligned columns separated by `delimiter`; with `header`,
+    the first row is underlined with dashes."""
+    cells: List[List[str]] = [[str(c) for c in r] for r in rows]
+    if not cells:
         return ""
-    widths = [max(len(r[i]) for r in all_rows if i < len(r)) for i in range(max(map(len, all_rows)))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in all_rows]
+    n_cols = max(map(len, cells))
+    widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(n_cols)]
+    lines = [delimiter.join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     if header:
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.insert(1, "-" * (sum(widths) + len(delimiter) * (n_cols - 1)))
     return "\n".join(lines)
+
+
+# --- devices (upstream's hardware helpers; the emulator needs no hardware) -----------------
+def _offline_device_from_str(device_type: str, num_ipus: Optional[int] = None):
+    """A device description for `device_type` ("ipu_hw", "ipu_model", "cpu")."""
+    from popart import DeviceInfo
+
+    return DeviceInfo(device_type, num_ipus or 1)
+
+
+def _to_device_info(device_type: str, num_ipus: int = 1, use_popdist: bool = False):
+    """The device a Session of `num_ipus` IPUs runs on (always available: emulated)."""
+    from popart import DeviceInfo
+
+    return DeviceInfo(device_type, num_ipus)
+
+
+def _acquire_hw_device_with_timeout(num_ipus: int = 1,
+                                    timeout: int = HW_DEVICE_CONNECTION_TIMEOUT):
+    """Upstream waits up to `timeout` seconds for free IPUs; the emulated device is free now."""
+    from popart import DeviceInfo
+
+    device = DeviceInfo("ipu_hw", num_ipus)
+    device.attach()
+    return device

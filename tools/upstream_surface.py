@@ -193,7 +193,8 @@ def _instance_attribute_present(cls: type, name: str) -> bool:
     member (property, annotation) of that name."""
     if _class_lookup(cls, name) is not _MISSING:
         return True
-    pattern = re.compile(rf"\bself\.{re.escape(name)}\s*(:[^=]*)?=[^=]")
+    # assigned on an instance in the class's code (`self.x = ...`, or `g.x = ...` in a factory)
+    pattern = re.compile(rf"\b[A-Za-z_]\w*\.{re.escape(name)}\s*(:[^=]*)?=[^=]")
     for c in _own_mro(cls):
         if name in getattr(c, "__slots__", ()) or name in getattr(c, "__annotations__", {}):
             return True

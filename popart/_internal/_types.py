@@ -5,7 +5,8 @@ import enum
 from typing import Iterable, List, NamedTuple
 
 __all__ = ["GraphId", "OperatorIdentifier", "ExpectedConnectionType", "ExpectedConnection",
-           "BwdGraphInfo", "FloatFormat", "PrintTensorFmt", "CodeLocation"]
+           "BwdGraphInfo", "FloatFormat", "PrintTensorFmt", "CodeLocation", "AdamMode",
+           "ScatterReduction"]
 
 
 class GraphId(str):
@@ -89,3 +90,22 @@ class PrintTensorFmt:
 class CodeLocation(enum.Enum):
     ExecutableMemory = 0
     Buffer = 1
+
+
+class AdamMode(enum.Enum):
+    """Which updater an AdamUpdater op computes (upstream `_ir.AdamMode`)."""
+
+    Adam = 0
+    AdamNoBias = 1
+    AdaMax = 2
+    Lamb = 3
+    LambNoBias = 4
+
+
+class ScatterReduction(enum.Enum):
+    """The reduction of a ScatterReduce op (upstream `_ir.op.ScatterReduction`)."""
+
+    Sum = 0
+    Max = 1
+    Min = 2
+    None_ = 3

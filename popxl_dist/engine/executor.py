@@ -119,7 +119,7 @@ class Worker:
                 else:
                     src = host[rg.group_of(ctx.replica)] if groups > 1 else host
                 if remote is not None:
-                    entry = ctx.remote[remote[0]][remote[1]]
+                    entry = ctx.remote[remote[0]][remote[1], ...]
                     if info.extra.get("sharded"):
                         entry[...] = shard_of(src, info, ctx.replica, entry.shape[0])
                     else:
@@ -136,7 +136,7 @@ class Worker:
         info = self.ir.main.tensors[tid]
         remote = info.extra.get("remote")
         if remote is not None:
-            return ctx.remote[remote[0]][remote[1]]
+            return ctx.remote[remote[0]][remote[1], ...]
         return ctx.state[self.program.state_index[tid]]
 
     def read_replicas(self, wanted: Dict[str, Sequence[int]]) -> Dict[str, Dict[int, np.ndarray]]:

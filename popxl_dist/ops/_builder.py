@@ -55,9 +55,9 @@ def check_tensor(t: Any, opname: str, argname: str) -> Tensor:
 def check_in_graph(g: Graph, t: Tensor, opname: str) -> None:
     if t._graph is not g:
         raise ValueError(
-            f"{opname}: the input tensor '{t.id}' is not in the current Graph '{g.id}'. Tensors "
-            f"of another graph must be passed in as graph inputs (popxl.graph_input or a "
-            f"create_graph argument)")
+            f"The input tensor `{t.id}` is not in the current Graph '{g.id}' ({opname}). "
+            f"Tensors of another graph must be passed in as graph inputs (popxl.graph_input or "
+            f"a create_graph argument)")
 
 
 def check_same_dtype(opname: str, *ts: Tensor) -> dtypes.dtype:

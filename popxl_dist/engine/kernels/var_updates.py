@@ -4,7 +4,8 @@ updaters, which return a new array and increment their step input (the last inpu
 
 Numerics (mixed precision as on the IPU): `X` is rounded into `t`'s dtype first; the scalar
 coefficients are computed in float32 (the optimizer value's type); the update is computed in
-float32 for float16 accumulators and rounded once into `t`.
+float32 for float16 accumulators and rounded once into `t`. Integer accumulators: a plain add is
+exact integer arithmetic; scaled updates are computed in float64 and truncated toward zero.
 """
 from __future__ import annotations
 
@@ -18,12 +19,17 @@ __all__: list = []   # registrations only
 _MOVING = ("moving_average", "moving_average_square")
 
 
+F64 = np.dtype(np.float64)
+
+
 def _calc_dtypes(t_dt: np.dtype):
     """(coefficient dtype, compute dtype) for an accumulator of dtype `t_dt`."""
     if t_dt == F16:
         return F32, F32
     if t_dt == F32:
         return F32, F32
+    if t_dt.kind in "iu":
+        return F64, F64        # exact for 32-bit integers; stored back with truncation
     return t_dt, t_dt
 
 
@@ -52,7 +58,7 @@ def _accumulate_kernel(attrs, ins, outs):
     const = None if f_tensor else _accumulate_coeffs(mode, attrs.get("f"), cdt)
     x_dt = np_dtype(ins[1])
 
-    if mode == "add" and calc == t_dt:
+    if mode == "add" and (calc == t_dt or t_dt.kind in "iu"):
         if x_dt == t_dt:
             def add_same(t, x):
                 np.add(t, x, out=t)

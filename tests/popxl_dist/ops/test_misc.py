@@ -82,14 +82,16 @@ def test_remote_code_load_is_a_no_op_and_checks_args():
         x = popxl.variable(np.zeros(2), popxl.float32, "x")
         y, = ops.call(g, x)
         with pytest.raises(NotImplementedError, match="destination"):
+            ops.remote_code_load(g, "io_buffer")
+        with pytest.raises(ValueError, match="destination must be one of"):
             ops.remote_code_load(g, "buffer")
         with pytest.raises(TypeError, match="popxl.Graph"):
-            ops.remote_code_load("g")
+            ops.remote_code_load("g", "executable")
     with g:
         with pytest.raises(ValueError, match="inside itself"):
-            ops.remote_code_load(g)
+            ops.remote_code_load(g, "executable")
     with pytest.raises(NotImplementedError):
-        misc.code_copy(g)
+        misc.code_copy(g, "executable", "io_buffer")
     assert "code_copy" not in ops.__all__
     with popxl.Session(ir, "ipu_hw") as s:
         s.run()
