@@ -31,9 +31,9 @@ class BoundGraph:
         """Like `call` but returns the `CallSiteInfo`."""
         return ops.call_with_info(self.graph, *targs, inputs_dict={**self.args, **(args or {})})
 
-    def bind(self, args: Optional[Mapping] = None) -> "BoundGraph":
+    def bind(self, args: Mapping) -> "BoundGraph":
         """A new BoundGraph with `args` merged over the bound ones."""
-        return BoundGraph(self.graph, {**self.args, **(args or {})})
+        return BoundGraph(self.graph, {**self.args, **args})
 
     def subgraph_io_map(self, *targs: Any, args: Optional[Mapping] = None,
                         outs: Optional[Tuple[popxl.Tensor, ...]] = None) -> Dict:
@@ -65,14 +65,14 @@ class GraphWithNamedArgs:
         self.args = args if args is not None else NamedTensors()
         self._grad_graph_info = grad_graph_info
         self.from_module = from_module
-        self.aux = dict(aux or {})
+        self._aux = dict(aux or {})
         self.called_graphs_grad_info = dict(called_graphs_grad_info or {})
         self.autodiff_applied = False
 
     @classmethod
-    def from_grad_graph(cls, grad_info: GradGraphInfo,
+    def from_grad_graph(cls, grad_graph_info: GradGraphInfo,
                         args: Optional[NamedTensors] = None) -> "GraphWithNamedArgs":
-        return cls(grad_info.graph, args, grad_graph_info=grad_info)
+        return cls(grad_graph_info.graph, args, grad_graph_info=grad_graph_info)
 
     @property
     def grad_graph_info(self) -> GradGraphInfo:

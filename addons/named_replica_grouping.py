@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Iterable, Optional
+from typing import Iterable, Optional, TypeVar
 
 import popxl
 from popxl import ReplicaGrouping
@@ -16,6 +16,7 @@ __all__ = ["NamedReplicaGrouping", "fill_none_group", "get_instance_replica_grou
            "is_cross_ild"]
 
 logger = logging.getLogger(__name__)
+CLS = TypeVar("CLS", bound="NamedReplicaGrouping")
 
 
 class NamedReplicaGrouping(DotTree[ReplicaGrouping]):
@@ -27,27 +28,31 @@ class NamedReplicaGrouping(DotTree[ReplicaGrouping]):
         return cls.from_dict({n: value for n in names})
 
 
-def fill_none_group(rg: Optional[ReplicaGrouping], ir: Optional[popxl.Ir] = None) -> ReplicaGrouping:
-    """`rg`, or the all-replicas grouping of the current (or given) Ir."""
-    if rg is not None:
-        return rg
-    ir = ir or popxl.gcg().ir
-    return ir.replica_grouping()
+def fill_none_group(rg: Optional[ReplicaGrouping], none_value: ReplicaGrouping
+                    ) -> ReplicaGrouping:
+    """`rg`, or `none_value` when `rg` is None."""
+    return none_value if rg is None else rg
 
 
-def get_instance_replica_grouping(rg: Optional[ReplicaGrouping] = None) -> ReplicaGrouping:
-    """Restrict `rg` to one popdist instance (same stride, smaller group if it crosses)."""
+def _or_all(replica_grouping: Optional[ReplicaGrouping], ir: popxl.Ir) -> ReplicaGrouping:
+    return fill_none_group(replica_grouping, ir.replica_grouping())
+
+
+def get_instance_replica_grouping(replica_grouping: Optional[ReplicaGrouping] = None
+                                  ) -> ReplicaGrouping:
+    """Restrict the grouping to one popdist instance (same stride, smaller group if it
+    crosses)."""
     ir = popxl.gcg().ir
-    rg = fill_none_group(rg, ir)
+    rg = _or_all(replica_grouping, ir)
     irf = ir.instance_replication_factor
     if rg.group_size * rg.stride <= irf:
         return rg
     return ir.replica_grouping(stride=rg.stride, group_size=max(irf // rg.stride, 1))
 
 
-def is_cross_instance(rg: Optional[ReplicaGrouping] = None) -> bool:
+def is_cross_instance(replica_grouping: Optional[ReplicaGrouping]) -> bool:
     ir = popxl.gcg().ir
-    rg = fill_none_group(rg, ir)
+    rg = _or_all(replica_grouping, ir)
     return rg.group_size * rg.stride > ir.instance_replication_factor
 
 
@@ -71,15 +76,16 @@ def get_ild_size_from_popdist() -> int:
     return min(rf, 64)
 
 
-def get_ild_replica_grouping(rg: Optional[ReplicaGrouping] = None) -> ReplicaGrouping:
+def get_ild_replica_grouping(replica_grouping: Optional[ReplicaGrouping] = None
+                             ) -> ReplicaGrouping:
     ir = popxl.gcg().ir
-    rg = fill_none_group(rg, ir)
+    rg = _or_all(replica_grouping, ir)
     ild = get_ild_size_from_popdist()
     if rg.group_size * rg.stride <= ild:
         return rg
     return ir.replica_grouping(stride=rg.stride, group_size=max(ild // rg.stride, 1))
 
 
-def is_cross_ild(rg: Optional[ReplicaGrouping] = None) -> bool:
-    rg = fill_none_group(rg)
+def is_cross_ild(replica_grouping: Optional[ReplicaGrouping]) -> bool:
+    rg = _or_all(replica_grouping, popxl.gcg().ir)
     return rg.group_size * rg.stride > get_ild_size_from_popdist()

@@ -28,13 +28,20 @@ import types
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["Entry", "parse_surface", "check_entry", "Result", "summarise", "REPO",
-           "DEFAULT_SURFACE", "DEFAULT_EXPECTED"]
+__all__ = ["Entry", "parse_surface", "check_entry", "Result", "summarise", "read_expected",
+           "REPO", "DEFAULT_SURFACE", "DEFAULT_EXPECTED", "DELIBERATE"]
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SURFACE = REPO / "tests" / "data" / "upstream_surface.md"
 DEFAULT_EXPECTED = REPO / "tests" / "data" / "upstream_surface_expected.txt"
 PACKAGES = ("popxl", "popxl_addons")
+
+# Public names whose signature differs from upstream's on purpose (documented at the name).
+DELIBERATE = {
+    "popxl_addons.named_buffers": "extra `shard_over`: upstream's version always raises "
+                                  "TypeError (it calls replica_sharded_spec with one argument)",
+    "popxl_addons.remote.named_buffers": "see popxl_addons.named_buffers",
+}
 
 _SECTION = re.compile(r"^## (?P<module>[\w.]+)\s")
 _ENTRY = re.compile(r"^- `(?P<text>.*?)`(?P<note>\s.*)?$")
@@ -194,7 +201,7 @@ def _instance_attribute_present(cls: type, name: str) -> bool:
     if _class_lookup(cls, name) is not _MISSING:
         return True
     # assigned on an instance in the class's code (`self.x = ...`, or `g.x = ...` in a factory)
-    pattern = re.compile(rf"\b[A-Za-z_]\w*\.{re.escape(name)}\s*(:[^=]*)?=[^=]")
+    pattern = re.compile(rf"\b[A-Za-z_]\w*\.{re.escape(name)}\b[^=\n(<>!]*=[^=]")
     for c in _own_mro(cls):
         if name in getattr(c, "__slots__", ()) or name in getattr(c, "__annotations__", {}):
             return True
@@ -327,6 +334,8 @@ def compare_signature(entry: Entry, owner: Any, obj: Any) -> Optional[str]:
     if ours is None:
         return "signature cannot be inspected"
     theirs = _upstream_params(entry.signature)
+    if [(p.name, p.kind) for p in theirs] == [("args", "*"), ("kwargs", "**")]:
+        return None      # upstream forwards everything (e.g. to Module.__init__): any match
     mine = [(_p.name, _KINDS[_p.kind], _p.default) for _p in ours.parameters.values()]
     names_theirs = [(p.name, p.kind) for p in theirs]
     names_mine = [(n, k) for n, k, _ in mine]
@@ -360,7 +369,15 @@ class Result:
 
     @property
     def ok(self) -> bool:
+        """Present, with upstream's signature."""
         return self.present and self.mismatch is None
+
+    @property
+    def allowed(self) -> bool:
+        """Present with a signature difference that is accepted: a private name, or a public
+        one listed in DELIBERATE."""
+        return (self.present and self.mismatch is not None
+                and (not self.entry.is_public or self.entry.path in DELIBERATE))
 
 
 def _checks_signature(entry: Entry) -> bool:
@@ -408,6 +425,17 @@ def summarise(results: List[Result]) -> Dict[str, Dict[str, Tuple[int, int]]]:
     return out
 
 
+def read_expected(text: str) -> Dict[str, str]:
+    """{path: "=" or "~"} from an expectation file's text."""
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            mark, path = line.split(maxsplit=1)
+            out[path] = mark
+    return out
+
+
 def _pct(have: int, total: int) -> str:
     return f"{100.0 * have / total:.1f}%" if total else "n/a"
 
@@ -432,20 +460,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         rh, rt = counts["reexports"]
         print(f"{pkg}: names: have {h} of {t} ({_pct(h, t)}); "
               f"re-export paths: have {rh} of {rt} ({_pct(rh, rt)})")
-    mism = [r for r in results if r.present and r.mismatch]
-    print(f"\nsignature mismatches: {len(mism)}")
+    mism = [r for r in results if r.present and r.mismatch and not r.allowed]
+    print(f"\nsignature mismatches (public names): {len(mism)}")
     for r in mism:
         print(f"  {r.entry.path}: {r.mismatch}")
+    allowed = [r for r in results if r.allowed]
+    print(f"\naccepted differences (private names, or deliberate): {len(allowed)}")
+    for r in allowed:
+        why = DELIBERATE.get(r.entry.path, "private")
+        print(f"  {r.entry.path}: {r.mismatch} [{why}]")
     missing = [r for r in results if not r.present]
     if args.missing:
         print(f"\nmissing: {len(missing)}")
         for r in missing:
             print(f"  {r.entry.path}" + (f"  [{r.entry.note}]" if r.entry.note else ""))
     if args.write_expected:
-        lines = sorted(r.entry.path for r in results if r.ok)
+        lines = sorted([f"= {r.entry.path}" for r in results if r.ok]
+                       + [f"~ {r.entry.path}" for r in results if r.allowed])
         DEFAULT_EXPECTED.write_text(
-            "# Upstream names (tests/data/upstream_surface.md) that resolve with matching\n"
-            "# signatures. Regenerate with `python tools/upstream_surface.py --write-expected`;\n"
+            "# Upstream names (tests/data/upstream_surface.md) this project provides.\n"
+            "# '=': resolves with upstream's signature; '~': resolves, signature differs on\n"
+            "# purpose (private, or tools/upstream_surface.py DELIBERATE).\n"
+            "# Regenerate with `python tools/upstream_surface.py --write-expected`;\n"
             "# tests/tools/test_upstream_surface.py fails if any of these regresses.\n"
             + "\n".join(lines) + "\n")
         print(f"\nwrote {len(lines)} names to {DEFAULT_EXPECTED.relative_to(REPO)}")
