@@ -29,9 +29,14 @@ def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True
                  close_bracket: str = "]") -> Tensor:
     """Print `t` at run time (`<title>: <values>`, NumPy-like) and return a copy of it.
 
+    As upstream (Poplar's PrintTensor stream), the text goes to the host's stderr; here it is
+    written by the host process after each run, replica by replica, whichever backend runs
+    the replicas. The op has a side effect, so it runs (and prints) even when its output is
+    unused; its gradient is printed only if the output is used on the gradient's path.
+
     Args:
         t: the tensor to print.
-        title: the printed title (default: the tensor's name).
+        title: the printed title (default: `print_<tensor name>`).
         print_self: print `t` in the forward pass.
         print_gradient: print the gradient of `t` when the graph is differentiated (titled
             `<title>_gradient`).
@@ -49,7 +54,7 @@ def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True
                    ("max_line_width", max_line_width), ("digits", digits)):
         if not isinstance(v, int) or v < 0:
             raise ValueError(f"print_tensor: '{arg}' must be a non-negative int, got {v!r}")
-    attrs = {"title": t.name if title is None else str(title), "print_self": bool(print_self),
+    attrs = {"title": f"print_{t.name}" if title is None else str(title), "print_self": bool(print_self),
              "print_gradient": bool(print_gradient),
              "fmt": {"summarise_threshold": summarise_threshold, "edge_items": edge_items,
                      "max_line_width": max_line_width, "digits": digits,
