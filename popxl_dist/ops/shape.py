@@ -271,8 +271,11 @@ def gather(t: Tensor, indices: Tensor, axis: int = 0,
            available_memory_proportion: Optional[float] = None, zero_OOR: bool = False) -> Tensor:
     """`np.take(t, indices, axis)`.
 
-    Negative indices count from the end (NumPy). Out-of-range indices give 0 with `zero_OOR`;
-    without it they raise at run time (upstream's values are undefined).
+    Out-of-range indices give zeros: upstream documents undefined data without `zero_OOR` and
+    zeros with it; the emulator gives zeros in both cases (deterministic on every backend) and
+    never raises at run time. Without `zero_OOR`, negative indices from -dim count from the end
+    (NumPy); with it, every negative index is out of range (as on the IPU). The gradient of an
+    out-of-range row is dropped.
     """
     return _gather("Gather", "gather", t, indices, axis, 1, zero_OOR)
 

@@ -373,3 +373,38 @@ def test_diag_uses_slice_and_subsample():
     x = RNG.normal(size=(3, 3)).astype(np.float32)
     out, = run_ops(lambda t: t.diag(), x)
     np.testing.assert_array_equal(out, np.diag(x))
+
+
+# --- out-of-range gather indices ----------------------------------------------------------
+def _ref_gather_oor(x, idx, axis, zero_oor):
+    dim = x.shape[axis]
+    ok = (idx >= (0 if zero_oor else -dim)) & (idx < dim)
+    taken = np.take(x, np.where(ok, idx, 0), axis)
+    mask = ok.reshape((1,) * axis + ok.shape + (1,) * (x.ndim - axis - 1))
+    return np.where(mask, taken, 0).astype(x.dtype)
+
+
+@pytest.mark.parametrize("op", ["gather", "tied_gather"])
+@pytest.mark.parametrize("zero_oor", [False, True])
+def test_gather_out_of_range_gives_zeros_not_an_error(op, zero_oor):
+    """Upstream: undefined values (zeros with zero_OOR); here zeros, never a NumPy IndexError.
+    Negative indices in [-dim, 0) count from the end unless zero_OOR."""
+    idx = np.array([[0, 9], [-2, -7]], I32)
+    fn = getattr(ops, op)
+    out, = run_ops(lambda t, i: fn(t, i, 1, zero_OOR=zero_oor), X, idx)
+    np.testing.assert_array_equal(out, _ref_gather_oor(X, idx, 1, zero_oor))
+    assert (out[:, 0, 1] == 0).all() and (out[:, 1, 1] == 0).all()     # 9 and -7: out of range
+
+
+def test_grouped_gather_out_of_range_and_gradient_drops_it():
+    idx = np.array([[0, 4], [5, 1], [2, -9]], I32)
+    out, = run_ops(lambda t, i: ops.groupedgather(t, i, 1, group_size=3), X, idx)
+    ref = np.stack([_ref_gather_oor(X[g], idx[g], 0, False) for g in range(3)])
+    np.testing.assert_array_equal(out, ref)
+    x = X[0]
+    gidx = np.array([1, 7, 1, -1], I32)                  # 7 is out of range
+    dy = RNG.normal(size=(4, 5)).astype(np.float32)
+    _, (dx,) = grads(lambda t, i: ops.gather(t, i), [x, gidx], [dy])
+    want = np.zeros_like(x, dtype=np.float64)
+    np.add.at(want, gidx[[0, 2, 3]], dy[[0, 2, 3]])
+    np.testing.assert_allclose(dx, want, rtol=1e-6)
