@@ -1,5 +1,5 @@
-"""One process start per backend: the collective and remote-buffer cases, failure scenarios and
-a short data-parallel MNIST run, all in one host script.
+"""One process start per backend: the collective, remote-buffer and upstream-semantics cases,
+failure scenarios and a short data-parallel MNIST run, all in one host script.
 
     popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--failures a,b]
 
@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import collective_cases  # noqa: E402
 import failure_cases  # noqa: E402
 import remote_cases  # noqa: E402
+import surface_cases  # noqa: E402
 
 
 def main() -> int:
@@ -31,6 +32,7 @@ def main() -> int:
     if not ns.no_cases:
         failed += collective_cases.main() != 0
         failed += remote_cases.main() != 0
+        failed += surface_cases.main() != 0
     if ns.dp_weights:
         import mnist_data_parallel
 

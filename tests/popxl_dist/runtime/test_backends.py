@@ -17,6 +17,7 @@ import pytest
 import collective_cases
 import failure_cases
 import remote_cases
+import surface_cases
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -92,6 +93,13 @@ def test_remote_cases_on_local_backend(monkeypatch, capsys, workers):
     if workers:
         monkeypatch.setenv("POPXL_WORKERS", workers)
     assert remote_cases.main() == 0, capsys.readouterr().out[-3000:]
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_surface_cases_on_local_backend(monkeypatch, capsys, workers):
+    if workers:
+        monkeypatch.setenv("POPXL_WORKERS", workers)
+    assert surface_cases.main() == 0, capsys.readouterr().out[-3000:]
 
 
 @pytest.mark.parametrize("workers", [None, "2"])
