@@ -15,6 +15,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 import popart._internal._types as _pb
 
 from .._ir.records import GraphData, Op, TensorInfo, TensorKind
+from .._pb_shim import op_view
 from ..errors import popart_exception
 from ..engine.kernels import load_all as load_kernels
 from ..engine.kernels.registry import KERNELS
@@ -238,8 +239,9 @@ class _GradBuilder:
         for op in gd.ops:
             if _modifying(op):
                 raise popart_exception(
-                    f"The graph {gd.id} contains a modifying op: {op.describe()}. Autodiff cannot "
-                    f"be used on graphs with inplace modifying ops.")
+                    f"The graph {gd.id} contains a modifying op: "
+                    f"{op_view(fwd, op).debugName()}. Autodiff cannot be used on graphs with "
+                    f"inplace modifying ops. (The op is {op.describe()}.)")
         ir = fwd.ir
         name = f"{gd.id}_bwd"
         n = 0
