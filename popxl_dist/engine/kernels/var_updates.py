@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, np_dtype, scalar
+from ._util import F16, F32, cast, np_dtype, scalar
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -73,18 +73,19 @@ def _accumulate_kernel(attrs, ins, outs):
     def run(t, x, *extra):
         a, b = const if const is not None else _accumulate_coeffs(
             mode, scalar(extra[0], cdt), cdt)
-        xv = (x if x_dt == t_dt else x.astype(t_dt)).astype(calc)   # round X into t's dtype
+        xv = cast(x if x_dt == t_dt else cast(x, t_dt), calc)     # round X into t's dtype
         if square:
             xv *= xv
         if b != 1:
             xv *= b
-        tv = t if calc == t_dt else t.astype(calc)
+        tv = t if calc == t_dt else cast(t, calc)
         if a is None:
-            r = tv + xv
+            xv += tv
+            r = xv
         else:
             r = tv * a
             r += xv
-        t[...] = r
+        t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
     return run
 
@@ -106,7 +107,9 @@ def _accumulator_scale_kernel(attrs, ins, outs):
         if calc == t_dt:
             t *= s
         else:
-            t[...] = t.astype(calc) * s
+            r = cast(t, calc)
+            r *= s
+            t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
     return run
 
@@ -125,13 +128,13 @@ def _sparse_accumulate_kernel(attrs, ins, outs):
     def run(t, x, indices, *extra):
         f = scalar(extra[0], cdt) if f_tensor else f_const
         idx = indices.reshape(-1).astype(np.int64, copy=False)
-        xv = x.astype(t_dt, copy=False).astype(calc).reshape(x2)
+        xv = cast(x if x.dtype == t_dt else cast(x, t_dt), calc).reshape(x2)
         if f != 1:
             xv *= f
-        tv = t if calc == t_dt else t.astype(calc)
+        tv = t if calc == t_dt else cast(t, calc)
         np.add.at(np.moveaxis(tv, axis, 0), idx, np.moveaxis(xv, axis, 0))
         if tv is not t:
-            t[...] = tv
+            t[...] = cast(tv, t_dt) if t_dt == F16 else tv
         return t
     return run
 
@@ -163,8 +166,8 @@ def _updater_factory(attrs, ins, outs):
     i_m = 1 if has_w else 0
 
     def run(*args):
-        m = args[i_m].astype(calc)
-        v = args[i_m + 1].astype(calc)
+        m = cast(args[i_m], calc)
+        v = cast(args[i_m + 1], calc)
         if has_step:
             step = args[-1]
             step += 1                             # in place, before use (upstream)
@@ -183,8 +186,8 @@ def _updater_factory(attrs, ins, outs):
         if has_w:
             wd = scalar(args[i_m + 2], calc) if wd_tensor else wd_const
             if wd != 0:
-                x += wd * args[0].astype(calc)
-        return x.astype(out_dt, copy=False)
+                x += wd * cast(args[0], calc)
+        return x if out_dt == calc else cast(x, out_dt)
     return run
 
 
@@ -222,6 +225,7 @@ def _adam_var_update_kernel(attrs, ins, outs):
         if calc == t_dt and x.dtype == t_dt:
             t -= scale * x
         else:
-            t[...] = t.astype(calc) - scale * x.astype(calc)
+            r = cast(t, calc) - scale * cast(x, calc)
+            t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
     return run
