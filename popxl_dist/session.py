@@ -11,6 +11,7 @@ from ._ir.records import TensorKind
 from .runtime import create_runtime
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
+from .transforms.patterns import check_op_to_identity_applied
 from .utils import _DOWNCAST, to_numpy
 
 __all__ = ["Session", "d2hStreamBufferMaps", "h2dStreamBufferMaps", "StreamBufferMaps"]
@@ -74,6 +75,7 @@ class Session:
         self.ir_ = ir              # upstream keeps this public alias too
         self._device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
+        check_op_to_identity_applied(ir._data)
         ir._prepared = True
         data = ir._data
         main = data.main
