@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
+import sys
 import time
 from functools import partial
 from typing import Dict, List, Tuple, Union
@@ -22,6 +24,9 @@ import numpy as np
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from mnist_data_parallel import Net  # noqa: E402  (the seed tutorials' MLP)
 
 
 class Adam(addons.Module):
@@ -47,35 +52,6 @@ class Adam(addons.Module):
                                           weight_decay=weight_decay, time_step=step, beta1=beta1,
                                           beta2=beta2, epsilon=eps)
         ops.scaled_add_(weight, dw, b=-lr)
-
-
-class Linear(addons.Module):
-    def __init__(self, out_features: int):
-        super().__init__()
-        self.out_features = out_features
-
-    def build(self, x: popxl.Tensor) -> popxl.Tensor:
-        w = self.add_variable_input(
-            "weight", partial(np.random.normal, 0, 0.02, (x.shape[-1], self.out_features)),
-            x.dtype)
-        b = self.add_variable_input("bias", partial(np.zeros, self.out_features), x.dtype)
-        return x @ w + b
-
-
-class Net(addons.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = Linear(512)
-        self.fc2 = Linear(512)
-        self.fc3 = Linear(512)
-        self.fc4 = Linear(10)
-
-    def build(self, x: popxl.Tensor):
-        x = x.reshape((-1, 28 * 28))
-        x = ops.gelu(self.fc1(x))
-        x = ops.gelu(self.fc2(x))
-        x = ops.gelu(self.fc3(x))
-        return self.fc4(x)
 
 
 def train_session(batch_size: int, first_order_dtype: popxl.dtype, lr: float = 1e-3

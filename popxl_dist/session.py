@@ -36,6 +36,18 @@ def _announce(device: str, backend: str, replicas: int, workers: int) -> None:
         _announced = True
 
 
+def _device_name(device) -> str:
+    """The device name of `device_desc` (a `popart.DeviceInfo` gives its type's name)."""
+    from popart import DeviceInfo
+
+    if isinstance(device, DeviceInfo):
+        device = device._desc
+    if not isinstance(device, str) or device not in _DEVICES:
+        raise ValueError(f"Session: device_desc must be one of {_DEVICES} or a popart.DeviceInfo, "
+                         f"got {device!r}")
+    return device
+
+
 def _initial_host_value(info, n_replicas: int) -> np.ndarray:
     """A variable's host buffer before the first sync, in its `shape_on_host` layout: the initial
     data, expanded to one value per replica for `all_replicas` retrieval with group_size > 1."""
@@ -55,7 +67,7 @@ class Session:
 
     Args:
         ir: the program; it must not be modified afterwards.
-        device_desc: "ipu_hw", "ipu_model" or "cpu".
+        device_desc: "ipu_hw", "ipu_model", "cpu" or a `popart.DeviceInfo`.
         weights_to_host_on_exit: copy weights back to the host when leaving `with session:`.
 
     Example:
@@ -68,9 +80,7 @@ class Session:
 
         if not isinstance(ir, Ir):
             raise TypeError(f"Session: `ir` must be a popxl.Ir, got {type(ir).__name__}")
-        if not isinstance(device_desc, str) or device_desc not in _DEVICES:
-            raise ValueError(f"Session: device_desc must be one of {_DEVICES}, got "
-                             f"{device_desc!r}")
+        device_desc = _device_name(device_desc)
         self._ir = ir
         self.ir_ = ir              # upstream keeps this public alias too
         self._device_desc = device_desc
@@ -119,12 +129,10 @@ class Session:
         return PbSession(self)
 
     def _set_device(self, device) -> None:
-        """Use another device description ("ipu_hw", "ipu_model", "cpu": all the emulator)."""
+        """Use another device (a name or `popart.DeviceInfo`: all are the emulator)."""
         if self._attached:
             raise RuntimeError("Session._set_device: detach the session first")
-        if device not in _DEVICES:
-            raise ValueError(f"Session: device_desc must be one of {_DEVICES}, got {device!r}")
-        self._device_desc = device
+        self._device_desc = _device_name(device)
 
     # --- attach / detach ---------------------------------------------------------------
     def __enter__(self) -> "Session":

@@ -104,6 +104,13 @@ def test_device_info():
     assert d.attach() and d.isAttached
     with pytest.raises(ValueError, match="device type"):
         popart.DeviceInfo("gpu")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        popxl.variable(1.0)
+    sess = popxl.Session(ir, popart.DeviceInfo("ipu_model"))
+    assert sess.device == "ipu_model"
+    sess._set_device(d)
+    assert sess.device == "ipu_hw"
 
 
 def test_weights_io_through_pb_session():
