@@ -84,7 +84,8 @@ class Session:
         self._ir = ir
         self.ir_ = ir              # upstream keeps this public alias too
         self._device_desc = device_desc
-        self.weights_to_host_on_exit = weights_to_host_on_exit
+        # (as upstream: a read-only memmap variable cannot receive the device's weights)
+        self.weights_to_host_on_exit = weights_to_host_on_exit and not ir._has_read_only_memmap
         check_op_to_identity_applied(ir._data)
         ir._prepared = True
         data = ir._data

@@ -445,6 +445,8 @@ def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
         raise ValueError(f"variable: variables can only be created in the main graph, the "
                          f"current graph is '{g.id}'")
     arr = _host_array(data, dtype, downcast, "variable")
+    if isinstance(arr, np.memmap) and not arr.flags.writeable:
+        g.ir._has_read_only_memmap = True      # its weights cannot be copied back to the host
     rg = replica_grouping
     if rg is not None and rg._ir is not g.ir:
         raise ValueError("variable: the replica grouping belongs to another Ir")

@@ -240,3 +240,15 @@ def test_context_members():
     with pytest.raises(TypeError, match="`mode`"):
         with popxl.in_sequence(None):
             pass
+
+
+def test_read_only_memmap_variable_is_flagged(tmp_path):
+    path = tmp_path / "w.npy"
+    np.save(path, np.arange(4, dtype=np.float32))
+    ir = popxl.Ir()
+    with ir.main_graph:
+        popxl.variable(np.load(path, mmap_mode="r+"))
+        assert not ir._has_read_only_memmap
+        popxl.variable(np.load(path, mmap_mode="r"))
+        assert ir._has_read_only_memmap
+    assert not popxl.Session(ir, "ipu_hw").weights_to_host_on_exit
