@@ -1,4 +1,5 @@
-"""The emulator's `popart`: what PopXL programs touch of PopART at import time and in error handling.
+"""The emulator's `popart`: what PopXL programs touch of PopART at import time and in error
+handling.
 
 PopXL is built on PopART; programs reach it for its exceptions (`except popart.popart_exception`),
 its version, `SessionOptions` (via `ir._pb_ir.getSessionOptions()`) and the enums those options

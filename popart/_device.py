@@ -21,7 +21,8 @@ class DeviceInfo:
     """A device of `num_ipus` IPUs (upstream `popart.DeviceInfo`); emulated, so it attaches
     without hardware and never runs out of devices."""
 
-    def __init__(self, device_type: str = "ipu_hw", num_ipus: int = 1, id: int = 0) -> None:  # noqa: A002
+    def __init__(self, device_type: str = "ipu_hw", num_ipus: int = 1,
+                 id: int = 0) -> None:  # noqa: A002 - upstream's name
         if device_type not in _TYPES:
             raise ValueError(f"DeviceInfo: device type must be one of {sorted(_TYPES)}, got "
                              f"{device_type!r}")

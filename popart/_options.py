@@ -230,9 +230,9 @@ class SessionOptions:
             object.__setattr__(self, k, v)
 
     def __repr__(self) -> str:
+        settings = (TensorLocationSettings, AccumulateOuterFragmentSettings)
         changed = {k: getattr(self, k) for k, v in _defaults().items()
-                   if getattr(self, k) != v and not isinstance(v, (TensorLocationSettings,
-                                                                   AccumulateOuterFragmentSettings))}
+                   if getattr(self, k) != v and not isinstance(v, settings)}
         return f"SessionOptions({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
 
 

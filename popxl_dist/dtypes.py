@@ -8,7 +8,8 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 __all__ = [
-    "np_dtype_float8_143", "np_dtype_float8_152", "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "np_dtype_float8_143", "np_dtype_float8_152", "dtype", "bool", "int8", "int16", "int32",
+    "int64", "uint8", "uint16", "uint32", "uint64",
     "half", "float8_143", "float8_152", "float16", "float", "float32", "double", "float64",
     "complex64", "complex128",
 ]

@@ -54,7 +54,8 @@ def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True
                    ("max_line_width", max_line_width), ("digits", digits)):
         if not isinstance(v, int) or v < 0:
             raise ValueError(f"print_tensor: '{arg}' must be a non-negative int, got {v!r}")
-    attrs = {"title": f"print_{t.name}" if title is None else str(title), "print_self": bool(print_self),
+    attrs = {"title": f"print_{t.name}" if title is None else str(title),
+             "print_self": bool(print_self),
              "print_gradient": bool(print_gradient),
              "fmt": {"summarise_threshold": summarise_threshold, "edge_items": edge_items,
                      "max_line_width": max_line_width, "digits": digits,
