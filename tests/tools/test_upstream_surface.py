@@ -1,5 +1,6 @@
-"""The upstream surface cannot regress: every name listed in tests/data/upstream_surface_expected.txt
-still resolves at its upstream path, with upstream's signature where it had it; and the checker
+"""The upstream surface cannot regress: every name listed in
+tests/data/upstream_surface_expected.txt still resolves at its upstream path, with upstream's
+signature where it had it; and the checker
 itself (tools/upstream_surface.py) parses the inventory as upstream counts it and detects
 missing names and parameter/default differences."""
 from __future__ import annotations

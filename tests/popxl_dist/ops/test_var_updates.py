@@ -271,7 +271,8 @@ def test_integer_add_wraps_like_int32_and_mixed_dtypes_round_into_t():
     np.testing.assert_array_equal(out, t + np.array([0, -1, 2], np.int32))   # X -> int32 first
 
 
-@pytest.mark.parametrize("f,want", [(0.5, [0, 1, -1, 3]), (0.0, [0, 0, 0, 0]), (2.0, [2, 4, -6, 14])])
+@pytest.mark.parametrize("f,want", [(0.5, [0, 1, -1, 3]), (0.0, [0, 0, 0, 0]),
+                                    (2.0, [2, 4, -6, 14])])
 def test_accumulator_scale_and_zero_on_int(f, want):
     t = np.array([1, 2, -3, 7], np.int32)
     out, = run_ops(lambda a: vu.accumulator_scale_(a, f), t)
