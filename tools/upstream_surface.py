@@ -23,7 +23,6 @@ import importlib
 import inspect
 import re
 import sys
-import textwrap
 import types
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple

@@ -22,7 +22,7 @@ import contextlib
 import io
 import sys
 import traceback
-from typing import Callable, List
+from typing import List
 
 import numpy as np
 import popxl
