@@ -249,6 +249,13 @@ class PbOp:
     def setUseFullyConnectedPass(self, use: bool) -> None:
         self._op.attrs["use_fully_connected_pass"] = bool(use)
 
+    def __getattr__(self, name: str):
+        # The emulator's record fields (type, inputs, outputs, attrs, called, ipu, exec_ctx)
+        # are readable on the view too, for code written against popxl-dist's IR.
+        if name.startswith("__") or name == "_op":
+            raise AttributeError(name)
+        return getattr(self._op, name)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PbOp) and other._op is self._op
 

@@ -160,3 +160,12 @@ def test_grad_graph_info_from_pb_round_trip():
     assert popxl.transforms.ExpectedConnection._from_pb(g, ec._pb_ec).fwd_tensor == ec.fwd_tensor
     assert popxl.transforms.ExpectedConnectionType._from_pb(
         _ir.ExpectedConnectionType.FwdGrad) == popxl.transforms.ExpectedConnectionType.FwdGrad
+
+
+def test_op_views_also_read_the_record_fields():
+    ir, g, *_ = _program()
+    mm = g._pb_graph.getOps()[0]
+    assert mm.type == "MatMul" and mm.inputs == (f"{g.id}/x", f"{g.id}/w")
+    assert mm.exec_ctx == "Normal" and isinstance(mm.attrs, dict)
+    with pytest.raises(AttributeError):
+        mm.no_such_field
