@@ -81,6 +81,19 @@ def to_f16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16)
 
 
+def blocks(n: int, chunked: bool = True):
+    """`(lo, hi)` ranges covering n elements: `_CHUNK`-sized when `chunked` (float16 kernels
+    run their conversions and arithmetic block by block, in cache), else one range."""
+    if not chunked:
+        return ((0, n),)
+    return ((i, min(i + _CHUNK, n)) for i in range(0, n, _CHUNK))
+
+
+def flat(a: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C-contiguous array (writes reach `a`)."""
+    return a.reshape(-1)
+
+
 def cast(x: np.ndarray, dt: np.dtype) -> np.ndarray:
     """`x.astype(dt)` (a new array), through the fast paths for float16."""
     if dt == F16 and x.dtype != F16 and x.dtype.kind == "f":

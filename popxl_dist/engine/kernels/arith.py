@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, cast, from_f16, np_dtype, scalar, to_f16, via_f32
+from ._util import (F16, F32, blocks, cast, flat, from_f16, np_dtype, scalar, to_f16,
+                    via_f32)
 from .registry import kernel
 
 
@@ -115,6 +116,12 @@ def _scaled_add_inplace(attrs, ins, outs):
             def run_fast(x, y):
                 if y.dtype == out:
                     x += b * y
+                elif y.dtype == F16 and x.flags.c_contiguous:
+                    xf, yf = flat(x), flat(y)
+                    for lo, hi in blocks(xf.size):     # float16 y: convert in cache
+                        yc = from_f16(yf[lo:hi])
+                        yc *= b
+                        xf[lo:hi] += yc
                 else:
                     yc = _in(y, calc)
                     yc *= b

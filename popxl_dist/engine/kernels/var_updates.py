@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, cast, np_dtype, scalar
+from ._util import F16, F32, blocks, cast, flat, np_dtype, scalar
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -70,21 +70,29 @@ def _accumulate_kernel(attrs, ins, outs):
             return t
         return add_mixed
 
-    def run(t, x, *extra):
-        a, b = const if const is not None else _accumulate_coeffs(
-            mode, scalar(extra[0], cdt), cdt)
+    def update(tv, x, a, b):
+        """The new value of `tv` (in calc) from `x` (any dtype)."""
         xv = cast(x if x_dt == t_dt else cast(x, t_dt), calc)     # round X into t's dtype
         if square:
             xv *= xv
         if b != 1:
             xv *= b
-        tv = t if calc == t_dt else cast(t, calc)
         if a is None:
             xv += tv
-            r = xv
-        else:
-            r = tv * a
-            r += xv
+            return xv
+        r = tv * a
+        r += xv
+        return r
+
+    def run(t, x, *extra):
+        a, b = const if const is not None else _accumulate_coeffs(
+            mode, scalar(extra[0], cdt), cdt)
+        if t_dt == F16 and t.flags.c_contiguous:
+            tf, xf = flat(t), flat(x)
+            for lo, hi in blocks(tf.size):
+                tf[lo:hi] = cast(update(cast(tf[lo:hi], calc), xf[lo:hi], a, b), F16)
+            return t
+        r = update(t if calc == t_dt else cast(t, calc), x, a, b)
         t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
     return run
@@ -165,29 +173,38 @@ def _updater_factory(attrs, ins, outs):
     one = calc.type(1)
     i_m = 1 if has_w else 0
 
+    chunked = F16 in (out_dt, *(np_dtype(i) for i in ins))
+
     def run(*args):
-        m = cast(args[i_m], calc)
-        v = cast(args[i_m + 1], calc)
+        dm = dv = None
         if has_step:
             step = args[-1]
             step += 1                             # in place, before use (upstream)
             ts = calc.type(step.reshape(())[()])
             if bias:
-                m /= one - np.power(b1, ts)
+                dm = one - np.power(b1, ts)
                 if mode != "adamax":
-                    v /= one - np.power(b2, ts)
-        if mode == "adamax":
+                    dv = one - np.power(b2, ts)
+        wd = (scalar(args[i_m + 2], calc) if wd_tensor else wd_const) if has_w else 0
+        m_all, v_all = flat(args[i_m]), flat(args[i_m + 1])
+        w_all = flat(args[0]) if has_w and wd != 0 else None
+        out = np.empty(args[i_m].shape, out_dt)
+        out_f = flat(out)
+        for lo, hi in blocks(out_f.size, chunked):
+            m = cast(m_all[lo:hi], calc)
+            v = cast(v_all[lo:hi], calc)
+            if dm is not None:
+                m /= dm
+            if dv is not None:
+                v /= dv
+            if mode != "adamax":
+                np.sqrt(v, out=v)
             v += eps
             x = m / v
-        else:
-            np.sqrt(v, out=v)
-            v += eps
-            x = m / v
-        if has_w:
-            wd = scalar(args[i_m + 2], calc) if wd_tensor else wd_const
-            if wd != 0:
-                x += wd * cast(args[0], calc)
-        return x if out_dt == calc else cast(x, out_dt)
+            if w_all is not None:
+                x += wd * cast(w_all[lo:hi], calc)
+            out_f[lo:hi] = x if out_dt == calc else cast(x, out_dt)
+        return out
     return run
 
 
