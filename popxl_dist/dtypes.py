@@ -14,11 +14,6 @@ __all__ = [
     "complex64", "complex128",
 ]
 
-_FLOAT8_MSG = (
-    "{name} is not supported by the popxl-dist emulator yet: float8 storage and the "
-    "pow2scale casts are not implemented"
-)
-
 
 class dtype:
     """A PopXL data type. Instances are singletons: compare them with `==` or `is`."""
@@ -125,6 +120,7 @@ uint8 = dtype("uint8", np.dtype(np.uint8), False, True, False, False, "uint8")
 uint16 = dtype("uint16", np.dtype(np.uint16), False, True, False, False, None)
 uint32 = dtype("uint32", np.dtype(np.uint32), False, True, False, False, None)
 uint64 = dtype("uint64", np.dtype(np.uint64), False, True, False, False, None)
+# float8 NumPy dtypes (upstream's): structured dtypes with one `u1` field holding the code.
 np_dtype_float8_143 = np.dtype([("float8_143", "u1")])
 np_dtype_float8_152 = np.dtype([("float8_152", "u1")])
 float8_143 = dtype("float8_143", np_dtype_float8_143, False, False, True, True, None)
@@ -169,7 +165,10 @@ class _TorchDtypes(Mapping):
 _PT_TO_POPXL = _TorchDtypes()
 
 
-def check_not_float8(d: dtype, what: str) -> None:
-    """Raise NotImplementedError for float8 types, which the emulator cannot compute with."""
-    if d in FLOAT8_DTYPES:
-        raise NotImplementedError(f"{what}: " + _FLOAT8_MSG.format(name=repr(d)))
+_UINT8 = np.dtype(np.uint8)
+
+
+def storage_numpy(d: dtype) -> np.dtype:
+    """The NumPy dtype arrays of `d` are held in by the engine and on the host: `as_numpy()`,
+    except float8, whose values are uint8 codes (upstream's host representation)."""
+    return _UINT8 if d in FLOAT8_DTYPES else d.as_numpy()

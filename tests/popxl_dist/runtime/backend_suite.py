@@ -1,4 +1,4 @@
-"""One process start per backend: the collective, tensor-parallel, remote-buffer and
+"""One process start per backend: the collective, tensor-parallel, remote-buffer, float8 and
 upstream-semantics cases, failure scenarios and a short data-parallel MNIST run, all in one host
 script.
 
@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import collective_cases  # noqa: E402
 import failure_cases  # noqa: E402
+import fp8_cases  # noqa: E402
 import remote_cases  # noqa: E402
 import surface_cases  # noqa: E402
 import tp_cases  # noqa: E402
@@ -41,6 +42,7 @@ def main() -> int:
         failed += remote_cases.main() != 0
         failed += surface_cases.main() != 0
         failed += tp_cases.main() != 0
+        failed += fp8_cases.main() != 0
     if ns.dp_weights:
         import mnist_data_parallel
 
