@@ -136,8 +136,9 @@ class MPIInstanceGroup(InstanceGroup):
             kind, origin, message = self.ctrl.recv(source=st.Get_source(), tag=NOTICE)
             self.gone.setdefault(st.Get_source(), (kind, origin, message))
 
-    def check(self, waiting: Sequence[int], mtag: int) -> None:
-        """Raise if the launch failed, or a peer in `waiting` exited, died or diverged."""
+    def check(self, waiting: Dict[int, object], mtag: int) -> None:
+        """Raise if the launch failed, or a peer in `waiting` (peer -> its pending receive)
+        exited, died or diverged."""
         from mpi4py import MPI
 
         self._read_notices()
@@ -149,8 +150,12 @@ class MPIInstanceGroup(InstanceGroup):
                 raise InstanceFailed(f"instance {peer} finished its script without joining this "
                                      f"collective: the instances diverged", peer)
         st = MPI.Status()
-        for peer in waiting:
-            if self.data.Iprobe(source=peer, tag=MPI.ANY_TAG, status=st) and st.Get_tag() != mtag:
+        for peer, req in waiting.items():
+            # A message of another collective from a peer whose data for this one has not
+            # arrived means it skipped this one (messages between two ranks do not overtake:
+            # the test after the probe sees any earlier arrival).
+            if self.data.Iprobe(source=peer, tag=MPI.ANY_TAG, status=st) \
+                    and st.Get_tag() != mtag and not req.Test():
                 (run, tag), (want_run, want_tag) = _split_tag(st.Get_tag()), _split_tag(mtag)
                 raise InstanceFailed(
                     f"instance {peer} is in another collective (run {run}, tag {tag}) than "
@@ -161,7 +166,7 @@ class MPIInstanceGroup(InstanceGroup):
         if now - self._last_liveness > _LIVENESS_PERIOD or self._peer_signal:
             self._last_liveness = now
             self._peer_signal = False
-            dead = self._dead(waiting)
+            dead = self._dead(list(waiting))
             if dead:
                 self._read_notices()          # a goodbye / failure notice says more
                 if not any(p in self.gone for p in dead):
