@@ -191,15 +191,17 @@ def _instance_env(launch: InstanceLaunch, exit_dir: str, fds: Tuple[int, int]) -
 
 
 def _first_failure(exit_dir: str, n: int) -> Optional[Tuple[int, float, int, int]]:
-    """(instance, code, time, signal) of the earliest failed instance so far."""
+    """(instance, code, time, signal) of the first failed instance so far: the earliest to end
+    among those that did not fail because of another (they say so in `<i>.caused_by`)."""
     failed = []
     for i in range(n):
         rec = read_exit_file(exit_dir, i)
         if rec is not None and rec[0] != 0:
-            failed.append((rec[1], i, rec[0], rec[2]))
+            secondary = os.path.exists(os.path.join(exit_dir, f"{i}.caused_by"))
+            failed.append((secondary, rec[1], i, rec[0], rec[2]))
     if not failed:
         return None
-    when, i, code, sig = min(failed)
+    _, when, i, code, sig = min(failed)
     return i, code, when, sig
 
 

@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 from .output import POPXL_RUN_PREFIX, LinePrefixer
 
@@ -169,21 +169,19 @@ def run_ray_instances(num_instances: int, num_replicas: int, target: str, args: 
         common = dict(logging_level=logging.WARNING, configure_logging=False, log_to_driver=False)
         if address:
             ray.init(address=address, **common)
-        else:
-            ray.init(num_cpus=max(num_instances, os.cpu_count() or 1), include_dashboard=False,
-                     **common)
+        else:        # a new local Ray, never another job's cluster found on this machine
+            ray.init(address="local", num_cpus=max(num_instances, os.cpu_count() or 1),
+                     include_dashboard=False, **common)
             started = True
     printer = _Printer(prefix)
-    failures: List[int] = []
-    hub = InstanceHub(num_instances, printer.write, lambda origin, _: failures.append(origin),
-                      host=ray.util.get_node_ip_address())
+    hub = InstanceHub(num_instances, printer.write, host=ray.util.get_node_ip_address())
     cls = ray.remote(num_cpus=1, max_concurrency=1)(_InstanceActor)
     actors = [cls.options(runtime_env={"env_vars": _instance_env(
         i, num_instances, num_replicas, hub.address)}).remote(i) for i in range(num_instances)]
     try:
         where = ray.get([a.where.remote() for a in actors])
         refs = [a.run.remote(target, list(args), os.getcwd(), hub.address) for a in actors]
-        return _supervise(ray, refs, actors, where, hub, printer)
+        return _supervise(ray, refs, where, hub, printer)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -198,10 +196,13 @@ def run_ray_instances(num_instances: int, num_replicas: int, target: str, args: 
             ray.shutdown()
 
 
-def _supervise(ray, refs, actors, where, hub, printer) -> int:
+def _supervise(ray, refs, where, hub, printer) -> int:
+    """Wait for every instance; a few seconds after the first failure, stop waiting (the
+    caller kills the rest). Returns the exit code of the instance whose failure came first
+    (the origin named by the hub's first notice), else of the first to fail, else 0."""
     which = {ref: i for i, ref in enumerate(refs)}
     pending = list(refs)
-    first: Optional[tuple] = None
+    failed: Dict[int, int] = {}          # instance -> exit code, in the order they ended
     stop_at = None
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
@@ -218,13 +219,17 @@ def _supervise(ray, refs, actors, where, hub, printer) -> int:
                 printer.note(i, f"popxl-run: instance {i} failed: {e}")
                 hub.broadcast_failure(i, str(e).splitlines()[-1] if str(e) else "failed")
                 code = 1
-            if code and first is None:
-                first = (i, code)
+            if code:
+                failed[i] = code
                 hub.broadcast_failure(i, f"its script exited with code {code}")
-                stop_at = time.monotonic() + FAIL_GRACE
+                if stop_at is None:
+                    stop_at = time.monotonic() + FAIL_GRACE
         if pending and stop_at is not None and time.monotonic() > stop_at:
-            i, code = first
-            printer.note(i, f"popxl-run: instance {i} failed (exit code {code}); stopping the "
-                            f"other instances")
+            i = next(iter(failed))
+            printer.note(i, f"popxl-run: instance {i} failed (exit code {failed[i]}); stopping "
+                            f"the other instances")
             break
-    return first[1] if first else 0
+    origin = hub.failures[0][0] if hub.failures else None
+    if origin in failed:
+        return failed[origin]
+    return next(iter(failed.values()), 0)

@@ -47,16 +47,13 @@ class InstanceHub:
     Args:
         num_instances: instances that will register.
         on_output: called as `on_output(index, stream, text)` for each output chunk.
-        on_failure: called as `on_failure(origin, message)` for each failure notice received.
         host: the address to listen on (reachable by the instances).
     """
 
     def __init__(self, num_instances: int, on_output: Callable[[int, str, str], None],
-                 on_failure: Optional[Callable[[int, str], None]] = None,
                  host: str = "127.0.0.1"):
         self.num_instances = num_instances
         self.on_output = on_output
-        self.on_failure = on_failure
         self._server = socket.create_server((host, 0))
         self.address = f"{host}:{self._server.getsockname()[1]}"
         self._lock = threading.Lock()
@@ -126,8 +123,6 @@ class InstanceHub:
                 return
             self.failures.append((origin, message))
             targets = [(i, c) for i, c in self._controls.items() if i != origin]
-        if self.on_failure is not None:
-            self.on_failure(origin, message)
         for _, (sock, lock) in targets:
             try:
                 send_message(sock, {"kind": "failed", "origin": origin, "message": message},

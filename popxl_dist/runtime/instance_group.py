@@ -131,10 +131,24 @@ def fail_instance(exc: BaseException) -> None:
     message = f"{type(exc).__name__}: {exc}"
     if group is not None and not group.closed:
         origin = group.index if origin is None or origin < 0 else origin
+        if origin != group.index:
+            _record_cause(group.index, origin)
         if not group.fail(message, origin):
             group.abort(1)
     elif group is None and not os.environ.get("POPXL_INSTANCE_HUB"):
         _abort_mpi_world_if_started()
+
+
+def _record_cause(index: int, origin: int) -> None:
+    """Tell the launcher (`POPXL_EXIT_DIR`) that this instance failed because `origin` did, so
+    that the launch's exit code is the originating instance's."""
+    directory = os.environ.get("POPXL_EXIT_DIR", "")
+    if directory:
+        try:
+            with open(os.path.join(directory, f"{index}.caused_by"), "w") as f:
+                f.write(str(origin))
+        except OSError:
+            pass
 
 
 def close_instance_group() -> None:

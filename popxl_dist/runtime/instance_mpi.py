@@ -105,14 +105,22 @@ class MPIInstanceGroup(InstanceGroup):
         self._peer_signal = False
         self.transport = _InstanceTransport(self)
         self.procs = self.allgather((socket.gethostname(), os.getpid()))
-        if threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN:
+        self._usr1 = threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+        if self._usr1:
             # Under popxl's launchers hydra (-disable-auto-cleanup) signals SIGUSR1 when a rank
             # exits: look at the peers at once instead of at the next liveness period.
             signal.signal(signal.SIGUSR1, self._on_peer_exit)
 
     def _on_peer_exit(self, signum, frame) -> None:
         self._peer_signal = True
+
+    def _ignore_exit_notices(self) -> None:
+        """Back to ignoring hydra's SIGUSR1: Python resets the signals it handles to their
+        default action (terminate) when it finalises, and MPI_Finalize then waits for the other
+        ranks, whose exits signal this one."""
+        if self._usr1 and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
     def _dup(self, world):
         """`world.Dup()` without blocking forever if an instance never gets here."""
@@ -147,8 +155,8 @@ class MPIInstanceGroup(InstanceGroup):
                 raise InstanceFailed(f"instance {origin} failed: {message}", origin)
         for peer in waiting:
             if peer in self.gone:
-                raise InstanceFailed(f"instance {peer} finished its script without joining this "
-                                     f"collective: the instances diverged", peer)
+                raise InstanceFailed(f"instance {peer} ended its script without joining this "
+                                     f"collective (it exited): the instances diverged", peer)
         st = MPI.Status()
         for peer, req in waiting.items():
             # A message of another collective from a peer whose data for this one has not
@@ -192,6 +200,7 @@ class MPIInstanceGroup(InstanceGroup):
         if self.closed:
             return True
         self.closed = True
+        self._ignore_exit_notices()
         self._notify("failed", origin, message)
         deadline = time.monotonic() + ACK_GRACE
         backoff = _Backoff()
@@ -207,6 +216,7 @@ class MPIInstanceGroup(InstanceGroup):
         if self.closed:
             return
         self.closed = True
+        self._ignore_exit_notices()
         from mpi4py import MPI
 
         reqs = self._notify("bye", self.index, "")

@@ -103,7 +103,7 @@ class SocketTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 return moved
             except OSError as e:
-                self.group.peer_gone(p, f"sending failed ({e})")
+                self.group.peer_gone(p, f"send: {e}")
             moved = True
             parts[0] = parts[0][n:]
             if not len(parts[0]):
@@ -127,9 +127,9 @@ class SocketTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 return moved
             except OSError as e:
-                self.group.peer_gone(p, f"receiving failed ({e})")
+                self.group.peer_gone(p, f"receive: {e}")
             if n == 0:
-                self.group.peer_gone(p, "closed its connection")
+                self.group.peer_gone(p, "closed")
             moved = True
             if m.hpos < _HDR.size:
                 m.hpos += n
@@ -255,8 +255,8 @@ class SocketInstanceGroup(InstanceGroup):
         while time.monotonic() < deadline:        # the hub's notice may be on its way
             self.read_hub()
             select.select([self.hub], [], [], 0.05)
-        raise InstanceFailed(f"instance {peer} {what} while instance {self.index} needed its "
-                             f"data: it exited or died", peer)
+        raise InstanceFailed(f"instance {peer}'s connection broke ({what}) while instance "
+                             f"{self.index} needed its data: it exited or died", peer)
 
     # --- ending ---------------------------------------------------------------------------
     def _say(self, msg: dict) -> None:
