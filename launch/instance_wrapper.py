@@ -82,16 +82,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     for t in threads:
         t.join(timeout=5.0)       # a child the command left running may hold the pipes
     sig = 0
+    exit_dir = env.get("POPXL_EXIT_DIR", "")
     if code < 0:
         sig = -code
         try:
             name = signal.Signals(sig).name
         except ValueError:
             name = str(sig)
-        err(f"instance {index} was killed by signal {sig} ({name})")
+        first = _failed_before(exit_dir, index)
+        if first is not None and sig in (signal.SIGTERM, signal.SIGKILL):
+            err(f"instance {index} was stopped (signal {name}) after instance {first} failed")
+        else:
+            err(f"instance {index} was killed by signal {sig} ({name})")
         code = 128 + sig
-    write_exit_file(env.get("POPXL_EXIT_DIR", ""), index, code, sig)
+    write_exit_file(exit_dir, index, code, sig)
     return 1 if sig else code
+
+
+def _failed_before(directory: str, index: int) -> Optional[int]:
+    """Another instance that has already failed (the launcher then stops the rest)."""
+    if not directory:
+        return None
+    for name in sorted(os.listdir(directory)):
+        if name.isdigit() and int(name) != index:
+            rec = read_exit_file(directory, int(name))
+            if rec is not None and rec[0] != 0:
+                return int(name)
+    return None
 
 
 if __name__ == "__main__":

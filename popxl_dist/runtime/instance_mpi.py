@@ -25,6 +25,7 @@ __all__ = ["MPIInstanceGroup"]
 
 NOTICE = 21
 _LIVENESS_PERIOD = 0.5
+_CHECK_PERIOD = 0.001     # seconds between looks at notices / peers while a collective waits
 _RUN_BITS, _TAG_BITS = 13, 15
 
 
@@ -44,18 +45,17 @@ class _InstanceTransport(MPITransport):
         self.group = group
 
     def exchange(self, sends, recvs, tag):
-        from mpi4py import MPI
-
         group = self.group
+        MPI = group.MPI
         mtag = _mpi_tag(self.run_id, tag)
         bufs = {p: self._buffer(p, n, dtype) for p, (n, dtype) in recvs.items()}
-        rreqs = {p: group.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
-                 for p in bufs}
+        pending = {p: group.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
+                   for p in bufs}
         keep = [np.ascontiguousarray(a) for a in sends.values()]
         sreqs = [group.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag)
                  for p, a in zip(sends, keep)]
-        pending = dict(rreqs)
-        deadline = time.monotonic() + group.timeout
+        start = time.monotonic()
+        next_check = start + _CHECK_PERIOD
         backoff = _Backoff()
         try:
             while True:
@@ -63,12 +63,15 @@ class _InstanceTransport(MPITransport):
                     del pending[p]
                 if not pending and MPI.Request.Testall(sreqs):
                     break
-                group.check(pending, mtag)
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeout(
-                        f"instance {group.index}: collective (tag {tag}) got no data from "
-                        f"instance(s) {sorted(pending) or sorted(sends)} within "
-                        f"{group.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                now = time.monotonic()
+                if now >= next_check:        # notices, liveness, divergence: not every poll
+                    next_check = now + _CHECK_PERIOD
+                    group.check(pending, mtag)
+                    if now - start > group.timeout:
+                        raise CollectiveTimeout(
+                            f"instance {group.index}: collective (tag {tag}) got no data from "
+                            f"instance(s) {sorted(pending) or sorted(sends)} within "
+                            f"{group.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
                 backoff.wait()
         except BaseException:
             for r in pending.values():
@@ -97,6 +100,7 @@ class MPIInstanceGroup(InstanceGroup):
             raise RuntimeError(f"popdist says this is instance {index} of {size}, but it is MPI "
                                f"rank {world.Get_rank()} of {world.Get_size()}: launch one MPI "
                                f"rank per instance (poprun / mpirun -n {size})")
+        self.MPI = MPI
         self.rank = index
         self.data = self._dup(world)
         self.ctrl = self._dup(world)
@@ -137,8 +141,7 @@ class MPIInstanceGroup(InstanceGroup):
 
     # --- notices and liveness -------------------------------------------------------------
     def _read_notices(self) -> None:
-        from mpi4py import MPI
-
+        MPI = self.MPI
         st = MPI.Status()
         while self.ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=NOTICE, status=st):
             kind, origin, message = self.ctrl.recv(source=st.Get_source(), tag=NOTICE)
@@ -147,8 +150,7 @@ class MPIInstanceGroup(InstanceGroup):
     def check(self, waiting: Dict[int, object], mtag: int) -> None:
         """Raise if the launch failed, or a peer in `waiting` (peer -> its pending receive)
         exited, died or diverged."""
-        from mpi4py import MPI
-
+        MPI = self.MPI
         self._read_notices()
         for peer, (kind, origin, message) in sorted(self.gone.items()):
             if kind == "failed":
