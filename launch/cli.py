@@ -116,6 +116,9 @@ def _run_instances(ns: argparse.Namespace) -> int:
     if not os.path.isfile(ns.target):
         print(f"popxl-run: no such script: {ns.target}", file=sys.stderr)
         return 2
+    from .instances import handle_ctrl_c
+
+    handle_ctrl_c()
     if ns.backend == "ray":
         from .ray_instances import run_ray_instances
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -22,7 +24,7 @@ from .instance_wrapper import read_exit_file
 from .output import POPRUN_PREFIX
 
 __all__ = ["InstanceLaunch", "run_mpi_instances", "topology_table", "translate_mpi_args",
-           "FAIL_GRACE"]
+           "handle_ctrl_c", "FAIL_GRACE"]
 
 FAIL_GRACE = 3.0          # seconds the other instances get to report a failure before a stop
 
@@ -188,6 +190,15 @@ def _instance_env(launch: InstanceLaunch, exit_dir: str, fds: Tuple[int, int]) -
     # others. The spin time (unlike the thread count) does not change any result's bits.
     env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
     return env
+
+
+def handle_ctrl_c() -> None:
+    """Make Ctrl-C stop the launch even when this process inherited SIGINT ignored (a command
+    started in the background by a non-interactive shell, e.g. a CI runner): Python would then
+    never raise KeyboardInterrupt, and a Ray driver would run on."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _first_failure(exit_dir: str, n: int) -> Optional[Tuple[int, float, int, int]]:

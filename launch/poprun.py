@@ -21,7 +21,7 @@ import argparse
 import sys
 from typing import Dict, List, Optional
 
-from .instances import InstanceLaunch, run_mpi_instances, topology_table
+from .instances import InstanceLaunch, handle_ctrl_c, run_mpi_instances, topology_table
 from .output import POPRUN_PREFIX
 
 __all__ = ["main"]
@@ -115,6 +115,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if ns.print_topology:
         print(topology_table(launch), flush=True)
+    handle_ctrl_c()
     try:
         return run_mpi_instances(launch, ns.command)
     except FileNotFoundError as e:

@@ -265,9 +265,11 @@ def test_an_instance_failing_before_its_session_stops_the_job():
 
 
 def _interrupt(cmd) -> None:
-    """Ctrl-C (SIGINT to the launch's process group) during a long run stops everything."""
+    """Ctrl-C (SIGINT to the launch's process group) during a long run stops everything, even
+    when the launcher inherited SIGINT ignored (a background command of a CI runner)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=clean_env(), cwd=ROOT, start_new_session=True)
+                            env=clean_env(), cwd=ROOT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 120
         for line in proc.stdout:
