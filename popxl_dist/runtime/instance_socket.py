@@ -79,9 +79,10 @@ class SocketTransport(Transport):
                 moved |= self._recv_some(p, inc, got, run, tag)
             if not (out or inc):
                 break
-            g.read_hub()
-            if moved:
+            if moved:                   # the deadline is for silence, not for the whole transfer
+                deadline = time.monotonic() + g.timeout
                 continue
+            g.read_hub()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CollectiveTimeout(
@@ -99,15 +100,18 @@ class SocketTransport(Transport):
         moved = False
         while parts:
             try:
-                n = sock.send(parts[0])
+                n = sock.sendmsg(parts)        # header and payload in one call (one segment)
             except (BlockingIOError, InterruptedError):
                 return moved
             except OSError as e:
                 self.group.peer_gone(p, f"send: {e}")
             moved = True
-            parts[0] = parts[0][n:]
-            if not len(parts[0]):
-                parts.pop(0)
+            while n and parts:
+                k = min(n, len(parts[0]))
+                parts[0] = parts[0][k:]
+                n -= k
+                if not len(parts[0]):
+                    parts.pop(0)
         del out[p]
         return True
 
