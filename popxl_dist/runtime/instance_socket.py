@@ -106,12 +106,10 @@ class SocketTransport(Transport):
             except OSError as e:
                 self.group.peer_gone(p, f"send: {e}")
             moved = True
-            while n and parts:
-                k = min(n, len(parts[0]))
-                parts[0] = parts[0][k:]
-                n -= k
-                if not len(parts[0]):
-                    parts.pop(0)
+            while parts and n >= len(parts[0]):        # (empty payloads are done at once)
+                n -= len(parts.pop(0))
+            if n:
+                parts[0] = parts[0][n:]
         del out[p]
         return True
 
