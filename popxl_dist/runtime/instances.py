@@ -90,7 +90,8 @@ class InstanceRuntime(Runtime):
         self.worker.run(inputs, outputs)
 
     def run_fragment(self, which: str) -> None:
-        self.group.next_run()
+        if getattr(self.worker.program, which).has_collectives:
+            self.group.next_run()     # (a fragment without collectives is this instance's own)
         self.worker.run_fragment(which)
 
     def read_variables(self, tids: Sequence[str]) -> Dict[str, np.ndarray]:
