@@ -15,6 +15,7 @@ Parts:
                 around popdist runs: nothing of popxl's reaches it (MPI launches only)
   instance0-io  weights read by every instance (collective), written by instance 0 only, read
                 back by all after a barrier (MPI launches only)
+  host-shapes   the global array fed where this instance's replicas are expected: a clear error
   fail-last     (last) instance 1 raises; instance 0 must get InstanceFailed naming it from its
                 next collective and prints how long that took
 
@@ -233,6 +234,28 @@ def part_instance0_io() -> int:
     return int(not ok)
 
 
+def part_host_shapes() -> int:
+    """Feeding the global array instead of this instance's replicas is a clear error (raised
+    by every instance before any collective), and the session still works afterwards."""
+    with local_replicas(2):
+        ir, xs, ys, v = _sum_program()
+        R = ir.replication_factor
+        with popxl.Session(ir, "ipu_hw") as sess:
+            try:
+                sess.run({xs: np.zeros((R, 3), np.float32)})
+                err = "no error"
+            except ValueError as e:
+                want = "expects an array of shape (2, 3) (num_host_transfers=1, replicas=2 of " \
+                       "this popdist instance"
+                err = "" if want in str(e) else f"message: {e}"
+            x, total = _feed(ir, 1)
+            out = sess.run({xs: x})[ys]
+            if not err and not np.array_equal(out[0], total):
+                err = f"the next run gave {out.tolist()}"
+    print(f"{'FAIL' if err else 'ok'} host-shapes {err}", flush=True)
+    return int(bool(err))
+
+
 # --- failure at the end --------------------------------------------------------------------
 def part_fail_last() -> int:
     with local_replicas(1):
@@ -263,6 +286,7 @@ def main(parts) -> int:
         name, _, arg = part.partition("=")
         fn = {"dp": part_dp, "rts": part_rts, "hierarchical": part_hierarchical,
               "cases": part_cases, "mpi-user": part_mpi_user, "instance0-io": part_instance0_io,
+              "host-shapes": part_host_shapes,
               "fail-last": part_fail_last}[name]
         if name == "fail-last":           # instance 1's exception must end its script
             failed += part_fail_last()
