@@ -160,14 +160,31 @@ def close_instance_group() -> None:
     _GROUP = None
 
 
+_INIT_PATIENCE = 5.0      # seconds a failing instance waits to join MPI in order to abort it
+
+
 def _abort_mpi_world_if_started() -> None:
-    """An instance failed before its first popdist Session: if MPI is running, others may wait
-    for it there forever (MPI cannot finalise while they do), so abort the job."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
-            and mpi.COMM_WORLD.Get_size() > 1:
-        _flush()
-        mpi.COMM_WORLD.Abort(1)
+    """An instance failed before its first popdist Session. The others may be waiting for it in
+    MPI (in MPI_Init, which completes only when every rank joins, or in the Session's first
+    collective), and MPI cannot finalise while they do: join MPI if needed (giving up after
+    `_INIT_PATIENCE` seconds, when the others are not waiting there) and abort the job."""
+    def abort() -> None:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            _flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    if "mpi4py.MPI" in sys.modules:
+        abort()
+        return
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return
+    t = threading.Thread(target=abort, name="popxl-abort", daemon=True)
+    t.start()
+    t.join(_INIT_PATIENCE)
 
 
 def _flush() -> None:

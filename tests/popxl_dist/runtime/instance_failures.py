@@ -12,6 +12,8 @@ instance_failures.py SCENARIO`); instance 1 misbehaves, instance 0 reports what 
             naming it, and the launcher stops instance 1
   early     instance 1 raises before any Session: the launcher stops instance 0 (which waits
             for the others to start their Session)
+  early-ir  instance 1 raises after creating its popdist Ir, before any Session (and without
+            having used MPI): under a plain mpiexec it joins MPI and aborts the job
   sleep     a long run for Ctrl-C tests: prints `running` first
 
 Instance 0 prints `caught <ExceptionType> after <seconds> s: <message>` (seconds since instance
@@ -52,6 +54,10 @@ def announce() -> None:
 
 def main(scenario: str) -> int:
     if scenario == "early" and INDEX == 1:
+        announce()
+        raise RuntimeError("instance 1 fails before its Session")
+    if scenario == "early-ir" and INDEX == 1:
+        popxl.Ir(replication="popdist")
         announce()
         raise RuntimeError("instance 1 fails before its Session")
     if scenario == "sleep":

@@ -264,6 +264,17 @@ def test_an_instance_failing_before_its_session_stops_the_job():
     assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
+@needs_mpi
+def test_under_plain_mpiexec_an_instance_failing_before_its_session_aborts_the_job():
+    t0 = time.monotonic()
+    res = launch([os.path.join(BIN, "mpiexec"), "-n", "2", sys.executable, FAILURES,
+                  "early-ir"], timeout=120)
+    assert res.returncode != 0 and time.monotonic() - t0 < 60, res.text[-3000:]
+    assert "RuntimeError: instance 1 fails before its Session" in res.text
+    assert "MPI_Abort(MPI_COMM_WORLD, 1)" in res.text
+    assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
+
+
 def _interrupt(cmd) -> None:
     """Ctrl-C (SIGINT to the launch's process group) during a long run stops everything, even
     when the launcher inherited SIGINT ignored (a background command of a CI runner)."""
