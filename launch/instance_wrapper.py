@@ -29,9 +29,12 @@ def write_exit_file(directory: str, index: int, code: int, sig: int = 0) -> None
         return
     path = os.path.join(directory, str(index))
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{code} {time.time():.6f} {sig}\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(f"{code} {time.time():.6f} {sig}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass          # on another host than the launcher's: mpiexec's exit code tells it
 
 
 def read_exit_file(directory: str, index: int) -> Optional[tuple]:
@@ -101,7 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _failed_before(directory: str, index: int) -> Optional[int]:
     """Another instance that has already failed (the launcher then stops the rest)."""
-    if not directory:
+    if not directory or not os.path.isdir(directory):
         return None
     for name in sorted(os.listdir(directory)):
         if name.isdigit() and int(name) != index:
