@@ -117,6 +117,7 @@ def test_poprun_environment_prefixes_filters_and_exit_code(tmp_path):
     script.write_text(SHOW_ENV)
     res = _run([sys.executable, "-m", "popxl_launch.poprun", "--num-instances", "2",
                 "--num-replicas", "4", "--ipus-per-replica", "2", "--print-topology", "yes",
+                "-H", "localhost",
                 "--only-output-from-instance", "1", "--vipu-partition", "p0",
                 "--reset-partition", "no", "--mpi-global-args=--tag-output -x A=1",
                 "--instance-mpi-local-args=1:-x B=2", sys.executable, str(script)])
