@@ -48,6 +48,7 @@ class InstanceGroup:
         self.timeout = collective_timeout()
         self.run_id = 0
         self.closed = False
+        self.broken: Optional[str] = None     # why collectives can no longer be trusted
         self.transport: Transport
 
     @property
@@ -57,6 +58,11 @@ class InstanceGroup:
     def next_run(self) -> int:
         """Start the next run (program run, fragment or gather): the same id on every
         instance."""
+        if self.broken:
+            raise RuntimeError(f"instance {self.index}: the popdist instances cannot run "
+                               f"collectives after a failed one ({self.broken}); end the "
+                               f"script (leftover messages of the failed collective would "
+                               f"be mistaken for new ones)")
         self.run_id += 1
         self.transport.run_id = self.run_id
         return self.run_id
@@ -78,6 +84,11 @@ class InstanceGroup:
         for p in peers:
             out[p] = pickle.loads(got[p].tobytes())
         return out
+
+    def mark_broken(self, exc: BaseException) -> None:
+        """A collective failed half-way (called by the transports)."""
+        if self.broken is None:
+            self.broken = f"{type(exc).__name__}: {exc}"
 
     def fail(self, message: str, origin: int) -> bool:
         """Tell the other instances that `origin` failed (this instance, or the one whose

@@ -73,7 +73,8 @@ class _InstanceTransport(MPITransport):
                             f"instance(s) {sorted(pending) or sorted(sends)} within "
                             f"{group.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
                 backoff.wait()
-        except BaseException:
+        except BaseException as e:
+            group.mark_broken(e)
             for r in pending.values():
                 try:
                     r.Cancel()
@@ -155,10 +156,6 @@ class MPIInstanceGroup(InstanceGroup):
         for peer, (kind, origin, message) in sorted(self.gone.items()):
             if kind == "failed":
                 raise InstanceFailed(f"instance {origin} failed: {message}", origin)
-        for peer in waiting:
-            if peer in self.gone:
-                raise InstanceFailed(f"instance {peer} ended its script without joining this "
-                                     f"collective (it exited): the instances diverged", peer)
         st = MPI.Status()
         for peer, req in waiting.items():
             # A message of another collective from a peer whose data for this one has not
@@ -172,6 +169,10 @@ class MPIInstanceGroup(InstanceGroup):
                     f"instance {self.index} (run {want_run}, tag {want_tag}): the instances "
                     f"diverged (they must build the same programs and run them in the same "
                     f"order)", peer)
+        for peer in waiting:
+            if peer in self.gone:
+                raise InstanceFailed(f"instance {peer} ended its script without joining this "
+                                     f"collective (it exited): the instances diverged", peer)
         now = time.monotonic()
         if now - self._last_liveness > _LIVENESS_PERIOD or self._peer_signal:
             self._last_liveness = now

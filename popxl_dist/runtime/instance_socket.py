@@ -61,6 +61,13 @@ class SocketTransport(Transport):
         self.run_id = 0
 
     def exchange(self, sends, recvs, tag):
+        try:
+            return self._exchange(sends, recvs, tag)
+        except BaseException as e:
+            self.group.mark_broken(e)      # a stream may be left mid-message
+            raise
+
+    def _exchange(self, sends, recvs, tag):
         g = self.group
         run = self.run_id & 0xFFFFFFFF
         out: Dict[int, List[memoryview]] = {}

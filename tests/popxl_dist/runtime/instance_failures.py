@@ -5,9 +5,10 @@ instance_failures.py SCENARIO`); instance 1 misbehaves, instance 0 reports what 
   kill      instance 1 is killed (SIGKILL) between two runs: instance 0 gets WorkerDied naming
             instance 1
   exit      instance 1 calls sys.exit(3) between two runs: instance 0 hears it left
+  mismatch  instance 1 builds a bigger program: the Session reports the difference (caught),
+            then
   diverge   instance 1 reads the weights where instance 0 runs the program: both see the
-            instances diverged
-  mismatch  instance 1 builds a bigger program: the Session reports the difference
+            instances diverged (caught), and a new Session refuses to run collectives
   hang      instance 1 sleeps outside popxl: instance 0 times out (POPXL_COLLECTIVE_TIMEOUT)
             naming it, and the launcher stops instance 1
   early     instance 1 raises before any Session: the launcher stops instance 0 (which waits
@@ -52,7 +53,32 @@ def announce() -> None:
     print(f"instance 1 fails at {time.time():.6f}", flush=True)
 
 
+def mismatch_then_diverge() -> int:
+    x = np.ones(3, np.float32)
+    ir, xs = program(extra=INDEX == 1)
+    try:
+        popxl.Session(ir, "ipu_hw")
+    except ValueError as e:
+        print(f"caught ValueError: {e}", flush=True)
+    ir, xs = program()
+    try:
+        with popxl.Session(ir, "ipu_hw") as sess:
+            sess.run({xs: x})
+            if INDEX == 1:
+                sess.weights_to_host()
+            sess.run({xs: x})
+    except Exception as e:  # noqa: BLE001 - reported
+        print(f"caught {type(e).__name__}: {e}", flush=True)
+    try:
+        popxl.Session(ir, "ipu_hw")
+    except RuntimeError as e:
+        print(f"caught RuntimeError: {e}", flush=True)
+    return 0
+
+
 def main(scenario: str) -> int:
+    if scenario == "mismatch-diverge":
+        return mismatch_then_diverge()
     if scenario == "early" and INDEX == 1:
         announce()
         raise RuntimeError("instance 1 fails before its Session")
@@ -71,7 +97,7 @@ def main(scenario: str) -> int:
             print("running", flush=True)
             sess.run()
         return 0
-    ir, xs = program(extra=scenario == "mismatch" and INDEX == 1)
+    ir, xs = program()
     x = np.ones(3, np.float32)
     t0 = time.time()
     try:
@@ -87,8 +113,6 @@ def main(scenario: str) -> int:
                     sys.exit(3)
                 if scenario == "hang":
                     time.sleep(120)
-                if scenario == "diverge":
-                    sess.weights_to_host()
             t0 = time.time()
             sess.run({xs: x})
     except Exception as e:  # noqa: BLE001 - reported, then re-raised
