@@ -237,7 +237,11 @@ def run_mpi_instances(launch: InstanceLaunch, cmd: Sequence[str]) -> int:
         finally:
             for fd in fds:
                 os.close(fd)
-        code = _supervise(proc, launch, exit_dir)
+        try:
+            code = _supervise(proc, launch, exit_dir)
+        except KeyboardInterrupt:         # mpiexec got the interrupt too and stops the ranks
+            _stop(proc, patience=10.0)
+            return 130
         failure = _first_failure(exit_dir, launch.num_instances)
     if failure is not None:
         return failure[1]
@@ -246,26 +250,21 @@ def run_mpi_instances(launch: InstanceLaunch, cmd: Sequence[str]) -> int:
 
 def _supervise(proc: subprocess.Popen, launch: InstanceLaunch, exit_dir: str) -> int:
     """Wait for mpiexec; once an instance has failed and the others have had `FAIL_GRACE`
-    seconds, stop the job. Ctrl-C stops it at once (mpiexec forwards the interrupt)."""
+    seconds, stop the job."""
     stop_at = None
-    try:
-        while True:
-            try:
-                return proc.wait(timeout=0.1)
-            except subprocess.TimeoutExpired:
-                pass
-            if stop_at is None:
-                failure = _first_failure(exit_dir, launch.num_instances)
-                if failure is not None:
-                    stop_at = time.monotonic() + FAIL_GRACE
-            elif time.monotonic() > stop_at:
-                i, code, _, _ = _first_failure(exit_dir, launch.num_instances)
-                print(f"{launch.prog}: instance {i} failed (exit code {code}); stopping the "
-                      f"other instances", file=sys.stderr, flush=True)
-                return _stop(proc)
-    except KeyboardInterrupt:
-        _stop(proc, patience=10.0)
-        return 130
+    while True:
+        try:
+            return proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            pass
+        if stop_at is None:
+            if _first_failure(exit_dir, launch.num_instances) is not None:
+                stop_at = time.monotonic() + FAIL_GRACE
+        elif time.monotonic() > stop_at:
+            i, code, _, _ = _first_failure(exit_dir, launch.num_instances)
+            print(f"{launch.prog}: instance {i} failed (exit code {code}); stopping the other "
+                  f"instances", file=sys.stderr, flush=True)
+            return _stop(proc)
 
 
 def _stop(proc: subprocess.Popen, patience: float = 5.0) -> int:

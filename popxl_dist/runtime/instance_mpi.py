@@ -220,16 +220,12 @@ class MPIInstanceGroup(InstanceGroup):
             return
         self.closed = True
         self._ignore_exit_notices()
-        from mpi4py import MPI
-
         reqs = self._notify("bye", self.index, "")
         deadline = time.monotonic() + 1.0
         backoff = _Backoff()
-        while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
+        while not self.MPI.Request.Testall(reqs) and time.monotonic() < deadline:
             backoff.wait()
 
     def abort(self, code: int) -> None:
-        from mpi4py import MPI
-
         _flush()
-        MPI.COMM_WORLD.Abort(code)
+        self.MPI.COMM_WORLD.Abort(code)
