@@ -8,9 +8,9 @@ Parts:
   rts           examples/rts_popdist.py --groupings, 2 replicas per instance
   hierarchical  examples/hierarchical_all_reduce.py, 4 replicas per instance
   cases         the backend suite's collective, remote-buffer, tensor-parallel and float8
-                cases with R = 2, 4, 8 split over the instances (`Ir(replication=R)` becomes a popdist Ir; each instance
-                feeds its replicas' rows of the inputs and the outputs are gathered back, so
-                the cases check every replica unchanged)
+                cases with R = 2, 4, 8 split over the instances (`Ir(replication=R)` becomes
+                a popdist Ir; each instance feeds its replicas' rows of the inputs and the
+                outputs are gathered back, so the cases check every replica unchanged)
   mpi-user      the script's own mpi4py traffic (a pending any-source receive, bcast, barrier)
                 around popdist runs: nothing of popxl's reaches it (MPI launches only)
   instance0-io  weights read by every instance (collective), written by instance 0 only, read
