@@ -11,6 +11,7 @@ Ray this launcher started). The script must be at the same path on every node.
 """
 from __future__ import annotations
 
+import codecs
 import logging
 import os
 import sys
@@ -18,11 +19,10 @@ import threading
 import time
 from typing import Dict, List, Sequence
 
+from .instances import FAIL_GRACE
 from .output import POPXL_RUN_PREFIX, LinePrefixer
 
 __all__ = ["run_ray_instances"]
-
-FAIL_GRACE = 3.0
 
 
 class _Printer:
@@ -107,10 +107,13 @@ class _HubOutput:
             os.dup2(w, fd)
             os.close(w)
 
-            def send(data: bytes, stream=stream) -> None:
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+            def send(data: bytes, stream=stream, decoder=decoder) -> None:
+                text = decoder.decode(data)       # (a chunk may end inside a character)
                 try:
                     send_message(self.sock, {"kind": "output", "index": index, "stream": stream,
-                                             "data": data.decode("utf-8", "replace")}, lock)
+                                             "data": text}, lock)
                 except OSError:
                     pass
             self.threads.append(pump(r, send, None))
