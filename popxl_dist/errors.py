@@ -7,7 +7,7 @@ popart.popart_exception` catches them as it does upstream; they are also `Runtim
 from popart import popart_exception
 
 __all__ = ["UndefinedValue", "popart_exception", "EngineError", "WorkerError", "WorkerDied",
-           "CollectiveTimeout", "RunAborted"]
+           "InstanceFailed", "CollectiveTimeout", "RunAborted"]
 
 
 class UndefinedValue(ValueError):
@@ -24,6 +24,14 @@ class WorkerError(EngineError):
 
 class WorkerDied(WorkerError):
     """A worker process died; the pool that held it cannot be used again."""
+
+
+class InstanceFailed(WorkerError):
+    """Another popdist instance failed (raised, exited or died); `instance` is its index."""
+
+    def __init__(self, message: str, instance: int = -1):
+        super().__init__(message)
+        self.instance = instance
 
 
 class CollectiveTimeout(EngineError):
