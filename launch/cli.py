@@ -1,8 +1,11 @@
-"""`popxl-run [--backend local|mpi|ray] [--workers W] script.py [args...]`
+"""`popxl-run [--backend local|mpi|ray] [--workers W] script.py [args...]` or
+`popxl-run [--backend B] [--workers W] CONFIG.yaml [--run-dir DIR] [--resume DIR]
+[--set key=value ...] [--stop-at-step N]`
 
 Runs an unchanged PopXL script with its replicas placed by the chosen backend: it sets
 `POPXL_BACKEND` / `POPXL_WORKERS` and runs the script (under `mpiexec -n W` for mpi). The exit
-code is the script's. (Config-driven jobs, `popxl-run configs/x.yaml`, are a later issue.)
+code is the script's. A YAML target is the built-in job (`popxl_launch.job`): checked here
+(bad input exits 2 before anything starts), then run on the host, which is MPI rank 0 for mpi.
 """
 from __future__ import annotations
 
@@ -83,23 +86,65 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None,
                    help="number of workers (processes / actors / threads); default 1 for local, "
                         "2 for mpi and ray")
-    p.add_argument("target", help="the Python script to run unchanged")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.add_argument("target", help="the Python script to run unchanged, or a YAML config of "
+                                  "the built-in job (e.g. configs/mnist.yaml)")
+    p.add_argument("args", nargs=argparse.REMAINDER,
+                   help="arguments passed to the script; for a config: [--run-dir DIR] "
+                        "[--resume DIR] [--set key=value ...] [--stop-at-step N]")
     return p
+
+
+def _backend_missing(backend: str) -> Optional[str]:
+    """Why `backend` cannot start here, or None."""
+    import importlib.util
+
+    if backend == "mpi":
+        try:
+            find_mpiexec()
+        except FileNotFoundError as e:
+            return str(e)
+        if importlib.util.find_spec("mpi4py") is None:
+            return "the mpi backend needs mpi4py: pip install 'popxl-dist[mpi]'"
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        return "the ray backend needs Ray: pip install 'popxl-dist[ray]'"
+    return None
+
+
+def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
+    """Check a YAML job here, then run it (on MPI rank 0 for mpi)."""
+    if "numpy" not in sys.modules:
+        # One BLAS thread per worker by default: W processes on few cores with several BLAS
+        # threads each slow each other down badly, and every backend must use the same count
+        # (OpenBLAS's bits depend on it) for the runs to agree bit for bit.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from .job.config import ConfigError
+    from .job.run import prepare, run_job
+
+    try:
+        job = prepare([target, *args], backend, workers)
+        missing = _backend_missing(backend)
+        if missing:
+            raise ConfigError(missing)
+    except ConfigError as e:
+        print(f"popxl-run: {e}", file=sys.stderr)
+        return 2
+    if backend == "mpi":
+        if not job.run_dir.resume:
+            args = [*args, "--run-dir", str(job.run_dir.path)]   # the name chosen here
+        return _run_mpi(workers, target, args)
+    return run_job(job)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
-    if ns.target.endswith((".yaml", ".yml")):
-        print("popxl-run: config-driven jobs are not implemented yet; pass a Python script",
-              file=sys.stderr)
-        return 2
     workers = ns.workers if ns.workers is not None else (1 if ns.backend == "local" else 2)
     if workers < 1:
         print(f"popxl-run: --workers must be >= 1, got {workers}", file=sys.stderr)
         return 2
     os.environ["POPXL_BACKEND"] = ns.backend
     os.environ["POPXL_WORKERS"] = str(workers)
+    if ns.target.endswith((".yaml", ".yml")):
+        return _run_job(ns.backend, workers, ns.target, ns.args)
     if ns.backend == "mpi":
         return _run_mpi(workers, ns.target, ns.args)
     from .scripts import run_script
