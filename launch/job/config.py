@@ -43,6 +43,11 @@ class _Key:
                                                     and bool not in self.types)
         if float in self.types and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
+        if float in self.types and isinstance(value, str):
+            try:                     # YAML 1.1 reads `1e-8` (no dot) as a string
+                value, ok = float(value), True
+            except ValueError:
+                pass
         if list in self.types and isinstance(value, list):
             ok = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         if not ok:
@@ -104,7 +109,8 @@ SCHEMA: Dict[str, Any] = {
         "source": _Key(str, "auto", choices=("auto", "packaged", "idx", "torchvision"),
                        doc="auto: idx when data.dir is set, else the packaged copy"),
         "dir": _Key((str, type(None)), None, doc="IDX files, or torchvision's root"),
-        "train_limit": _Key(int, 0, **_NONNEG, doc="use the first N training images (0: all)"),
+        "train_limit": _Key(int, 0, **_NONNEG, doc="train on a seeded random N-image subset "
+                                                   "(0: all images)"),
     },
 }
 
@@ -114,10 +120,10 @@ def _defaults(schema: Dict[str, Any]) -> Dict[str, Any]:
             for k, v in schema.items()}
 
 
-def _did_you_mean(key: str, options: Sequence[str]) -> str:
+def _did_you_mean(key: str, options: Sequence[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else \
-        f"; known keys: {', '.join(sorted(options))}"
+    return f"; did you mean '{prefix}{close[0]}'?" if close else \
+        f"; known keys: {', '.join(prefix + o for o in sorted(options))}"
 
 
 def _merge(schema: Dict[str, Any], into: Dict[str, Any], data: Any, prefix: str) -> None:
@@ -128,7 +134,8 @@ def _merge(schema: Dict[str, Any], into: Dict[str, Any], data: Any, prefix: str)
     for key, value in data.items():
         path = f"{prefix}{key}"
         if not isinstance(key, str) or key not in schema:
-            raise ConfigError(f"unknown key '{path}'" + _did_you_mean(str(key), list(schema)))
+            raise ConfigError(f"unknown key '{path}'" +
+                              _did_you_mean(str(key), list(schema), prefix))
         spec = schema[key]
         if isinstance(spec, dict):
             _merge(spec, into[key], value, f"{path}.")
@@ -196,7 +203,7 @@ def apply_sets(data: Dict[str, Any], sets: Sequence[str]) -> Dict[str, Any]:
             path = ".".join(parts[:i + 1])
             if part not in schema:
                 raise ConfigError(f"--set: unknown key '{path}'" +
-                                  _did_you_mean(part, list(schema)))
+                                  _did_you_mean(part, list(schema), path[:-len(part)]))
             if i == len(parts) - 1:
                 if isinstance(schema[part], dict):
                     raise ConfigError(f"--set: '{path}' is a section; set one of its keys "

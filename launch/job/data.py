@@ -81,8 +81,11 @@ def load_data(cfg: Config) -> Dataset:
             (tri, trl), (tei, tel) = load_mnist("train", folder), load_mnist("test", folder)
         except (OSError, ValueError) as e:
             raise ConfigError(f"MNIST in {folder}: {e}") from None
-    if cfg.data.train_limit:
-        tri, trl = tri[:cfg.data.train_limit], trl[:cfg.data.train_limit]
+    if cfg.data.train_limit and cfg.data.train_limit < len(tri):
+        # A seeded random subset (files may be sorted by label, as the packaged copy is).
+        keep = np.sort(np.random.default_rng(cfg.seed).permutation(len(tri))
+                       [:cfg.data.train_limit])
+        tri, trl = tri[keep], trl[keep]
     if len(tri) < cfg.train.global_batch:
         raise ConfigError(f"train.global_batch {cfg.train.global_batch} is larger than the "
                           f"{len(tri)} training images")
