@@ -1,10 +1,11 @@
 """The main job's loop: train, evaluate, checkpoint, report."""
 from __future__ import annotations
 
+import shlex
 import statistics
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -26,18 +27,17 @@ def evaluate(train: TrainProgram, test: TestProgram, images: np.ndarray, labels:
     t0 = time.perf_counter()
     train.session.copy_weights_to(test.session, mapping)
     copy_s = time.perf_counter() - t0
-    n = len(images)
+    per_replica = batch_size // int(np.prod(test.lead, dtype=np.int64))
     batch = np.zeros((batch_size, IMAGE_SIZE), np.float32)
     correct = 0
-    for lo in range(0, n, batch_size):
+    for lo in range(0, len(images), batch_size):
         chunk = images[lo:lo + batch_size]
         batch[:len(chunk)] = chunk
         batch[len(chunk):] = 0
-        x = batch.reshape(test.lead + (batch_size // int(np.prod(test.lead, dtype=int)),
-                                       IMAGE_SIZE))
+        x = batch.reshape(test.lead + (per_replica, IMAGE_SIZE))
         out = test.session.run({test.images: x})[test.predictions]
         correct += int(np.sum(out.reshape(-1)[:len(chunk)] == labels[lo:lo + len(chunk)]))
-    return 100.0 * correct / n, copy_s
+    return 100.0 * correct / len(images), copy_s
 
 
 def _say(text: str) -> None:
@@ -45,102 +45,138 @@ def _say(text: str) -> None:
     sys.stdout.flush()
 
 
+class _Run:
+    """One job's programs, data and bookkeeping."""
+
+    def __init__(self, job):
+        cfg, rd = job.cfg, job.run_dir
+        self.job, self.cfg, self.rd = job, cfg, rd
+        data = load_data(cfg)
+        self.resume_from = rd.latest_checkpoint() if rd.resume else None
+        if not rd.resume:
+            rd.create(cfg, job.source)
+        for line in describe(cfg):
+            _say(line)
+        self.train = build_train_program(cfg)
+        self.test = build_test_program(cfg, self.train.sharded_keys)
+        self.session = self.train.session
+        self.loader = EpochLoader(data.train_images, data.train_labels, cfg.train.global_batch,
+                                  self.train.lead, cfg.seed)
+        self.session.dataloader = self.loader
+        total = self.loader.steps_per_epoch * cfg.train.epochs
+        self.total = min(total, cfg.train.steps) if cfg.train.steps else total
+        n_test = min(cfg.test.limit or len(data.test_images), len(data.test_images))
+        self.test_x, self.test_y = data.test_images[:n_test], data.test_labels[:n_test]
+        keep = self.resume_from[0] if self.resume_from else (0 if rd.resume else None)
+        self.metrics = MetricsLog(str(rd.metrics), resume_step=keep)
+        self.step_times: List[float] = []
+        self.copy_times: List[float] = []
+        self.saved_at = self.resume_from[0] if self.resume_from else -1
+
+    def restore(self) -> int:
+        """Load the checkpoint to resume from (sessions attached); the step to continue at."""
+        if self.resume_from:
+            self.session.load_checkpoint(str(self.resume_from[1]), report_missing="error")
+            _say(f"Resumed {self.rd.path} at step {self.session.session_state['steps']} "
+                 f"(epoch {self.loader.epoch + 1}, batch {self.loader.position})")
+        elif self.rd.resume:
+            _say(f"Resumed {self.rd.path}: no checkpoint yet, starting from step 0")
+        return self.session.session_state["steps"]
+
+    def train_step(self) -> Tuple[int, float, float]:
+        """One optimiser step: (step number, mean loss, samples/s)."""
+        t0 = time.perf_counter()
+        x, y = next(self.loader)
+        inputs = self.session.inputs
+        out = self.session.run({inputs.images: x, inputs.labels: y})
+        dt = time.perf_counter() - t0
+        self.step_times.append(dt)
+        step = self.session.session_state["steps"]
+        loss = float(np.mean(out[self.session.outputs.loss]))
+        rate = self.cfg.train.global_batch / dt
+        self.metrics.write(step=step, epoch=self.loader.epoch + 1, loss=loss,
+                           samples_per_s=rate)
+        return step, loss, rate
+
+    def evaluate(self, step: int) -> float:
+        acc, copy_s = evaluate(self.train, self.test, self.test_x, self.test_y,
+                               self.cfg.test.batch_size)
+        self.copy_times.append(copy_s)
+        self.metrics.write(step=step, test_accuracy=acc, weight_copy_ms=copy_s * 1e3)
+        return acc
+
+    def checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.train.checkpoint_every
+        epoch_end = self.loader.position == self.loader.steps_per_epoch
+        return (every and step % every == 0) or (not every and epoch_end) or step == self.total
+
+    def checkpoint(self, step: int) -> None:
+        if self.saved_at != step:
+            self.session.save_checkpoint(str(self.rd.checkpoint(step)))
+            self.saved_at = step
+
+    def resume_command(self) -> str:
+        sets = "".join(f" --set {shlex.quote(s)}" for s in _sets(self.job.argv))
+        return f"popxl-run {self.job.source} --resume {self.rd.path}{sets}"
+
+    def timing(self, total_s: float) -> str:
+        parts = [f"Time: {total_s:.1f} s"]
+        if self.step_times:
+            parts.append(f"one training step: median "
+                         f"{statistics.median(self.step_times) * 1e3:.2f} ms over "
+                         f"{len(self.step_times)}")
+        if self.copy_times:
+            parts.append(f"train->test weight copy: median "
+                         f"{statistics.median(self.copy_times) * 1e3:.2f} ms per evaluation "
+                         f"over {len(self.copy_times)}")
+        return "; ".join(parts)
+
+
 def train_and_test(job) -> int:
     """Run `job` (a `run.Job`); returns the exit status."""
-    cfg, rd = job.cfg, job.run_dir
     t_start = time.perf_counter()
-    data = load_data(cfg)
-    resume_from = rd.latest_checkpoint() if rd.resume else None
-    if not rd.resume:
-        rd.create(cfg, job.source)
-    for line in describe(cfg):
-        _say(line)
-    train = build_train_program(cfg)
-    test = build_test_program(cfg, train.sharded_keys)
-    session = train.session
-    loader = EpochLoader(data.train_images, data.train_labels, cfg.train.global_batch,
-                         train.lead, cfg.seed)
-    session.dataloader = loader
-    total = loader.steps_per_epoch * cfg.train.epochs
-    if cfg.train.steps:
-        total = min(total, cfg.train.steps)
-    n_test = min(cfg.test.limit or len(data.test_images), len(data.test_images))
-    test_x, test_y = data.test_images[:n_test], data.test_labels[:n_test]
-    every = cfg.train.checkpoint_every
-    eval_every = cfg.test.eval_every
-    metrics = MetricsLog(str(rd.metrics), resume_from[0] if resume_from else
-                         (0 if rd.resume else None))
-    step_times: List[float] = []
-    copy_times: List[float] = []
-    saved_at = -1
-
-    def checkpoint(step: int) -> None:
-        nonlocal saved_at
-        if saved_at != step:
-            session.save_checkpoint(str(rd.checkpoint(step)))
-            saved_at = step
-
-    with session, test.session:
-        if resume_from:
-            session.load_checkpoint(str(resume_from[1]), report_missing="error")
-            saved_at = resume_from[0]
-            _say(f"Resumed {rd.path} at step {session.session_state['steps']} "
-                 f"(epoch {loader.epoch + 1}, batch {loader.position})")
-        elif rd.resume:
-            _say(f"Resumed {rd.path}: no checkpoint yet, starting from step 0")
-        step = session.session_state["steps"]
-        inputs = session.inputs
-        bar = tqdm(total=total, initial=step, desc="Training", unit="step", disable=None,
-                   dynamic_ncols=True, file=sys.stdout)
-        try:
+    run = _Run(job)
+    eval_every, total = run.cfg.test.eval_every, run.total
+    step = 0
+    bar: Optional[tqdm] = None
+    try:
+        with run.session, run.test.session:
+            step = run.restore()
+            bar = tqdm(total=total, initial=step, desc="Training", unit="step", disable=None,
+                       dynamic_ncols=True, file=sys.stdout)
             while step < total:
-                t0 = time.perf_counter()
-                x, y = next(loader)
-                out = session.run({inputs.images: x, inputs.labels: y})
-                dt = time.perf_counter() - t0
-                step = session.session_state["steps"]
-                step_times.append(dt)
-                loss = float(np.mean(out[session.outputs.loss]))
-                rate = cfg.train.global_batch / dt
-                metrics.write(step=step, epoch=loader.epoch + 1, loss=loss, samples_per_s=rate)
+                step, loss, rate = run.train_step()
+                bar.set_postfix_str(f"loss {loss:.4f}, {rate:,.0f} samples/s", refresh=False)
                 bar.update(1)
-                bar.set_postfix_str(f"loss {loss:.4f}, {rate:,.0f} samples/s")
                 if eval_every and step % eval_every == 0 and step < total:
-                    acc, copy_s = evaluate(train, test, test_x, test_y, cfg.test.batch_size)
-                    copy_times.append(copy_s)
-                    metrics.write(step=step, test_accuracy=acc, weight_copy_ms=copy_s * 1e3)
-                    _say(f"step {step}: test accuracy {acc:.2f}%")
-                epoch_end = loader.position == loader.steps_per_epoch
-                if (every and step % every == 0) or (not every and epoch_end) or step == total:
-                    checkpoint(step)
+                    _say(f"step {step}: test accuracy {run.evaluate(step):.2f}%")
+                if run.checkpoint_due(step):
+                    run.checkpoint(step)
                 if job.stop_at_step and step >= job.stop_at_step and step < total:
-                    checkpoint(step)
+                    run.checkpoint(step)
                     bar.close()
-                    _say(f"Stopped at step {step} (--stop-at-step); continue with: popxl-run "
-                         f"{job.source} --resume {rd.path}"
-                         + "".join(f" --set {s}" for s in _sets(job.argv)))
-                    metrics.close()
+                    _say(f"Stopped at step {step} (--stop-at-step); continue with: "
+                         f"{run.resume_command()}")
                     return 0
-        except KeyboardInterrupt:
             bar.close()
-            metrics.close()
-            last = rd.latest_checkpoint()
-            where = f"the checkpoint of step {last[0]}" if last else "the start"
-            print(f"\nInterrupted at step {step}; continue from {where} with: popxl-run "
-                  f"{job.source} --resume {rd.path}", file=sys.stderr, flush=True)
-            return 130
-        bar.close()
-        acc, copy_s = evaluate(train, test, test_x, test_y, cfg.test.batch_size)
-        copy_times.append(copy_s)
-        metrics.write(step=step, test_accuracy=acc, weight_copy_ms=copy_s * 1e3)
-        named = session.get_tensors_data(train.weights.tensors)
-        digest = weights_digest({t.name: a for t, a in named.items()})
-    metrics.close()
+            acc = run.evaluate(step)
+            named = run.session.get_tensors_data(run.train.weights.tensors)
+            digest = weights_digest({t.name: a for t, a in named.items()})
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        last = run.rd.latest_checkpoint()
+        where = f"the checkpoint of step {last[0]}" if last else "the start"
+        print(f"\nInterrupted at step {step}; continue from {where} with: "
+              f"{run.resume_command()}", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        run.metrics.close()
     _say(f"Accuracy on test set: {acc:.2f}%")
     _say(f"weights digest: {digest}")
-    _say(plot_metrics(read_metrics(str(rd.metrics)), str(rd.plot)))
-    _say(f"Run folder: {rd.path} (config.yaml, metrics.jsonl, checkpoints/)")
-    _say(_timing(time.perf_counter() - t_start, step_times, copy_times))
+    _say(plot_metrics(read_metrics(str(run.rd.metrics)), str(run.rd.plot)))
+    _say(f"Run folder: {run.rd.path} (config.yaml, metrics.jsonl, checkpoints/)")
+    _say(run.timing(time.perf_counter() - t_start))
     return 0
 
 
@@ -153,14 +189,3 @@ def _sets(argv: List[str]) -> List[str]:
         elif a.startswith("--set="):
             out.append(a[6:])
     return out
-
-
-def _timing(total_s: float, step_times: List[float], copy_times: List[float]) -> str:
-    parts = [f"Time: {total_s:.1f} s"]
-    if step_times:
-        parts.append(f"one training step: median {statistics.median(step_times) * 1e3:.2f} ms "
-                     f"over {len(step_times)}")
-    if copy_times:
-        parts.append(f"train->test weight copy: median {statistics.median(copy_times) * 1e3:.2f} "
-                     f"ms per evaluation over {len(copy_times)}")
-    return "; ".join(parts)

@@ -254,3 +254,22 @@ def test_ctrl_c_then_resume(capsys, tmp_path, reference, monkeypatch):
     assert digest_of(out) == digest_of(reference[1])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 21))
+
+
+def test_rts_config_resumes_bitwise(capsys, tmp_path):
+    """configs/mnist_rts.yaml (RTS weights, Adam state in remote buffers, 4 replicas) on 2
+    worker threads: stopped and resumed equals uninterrupted."""
+    config = str(ROOT / "configs" / "mnist_rts.yaml")
+    short = [*SHORT, "--set", "train.rts_threshold=256", "--set", "train.epochs=1"]
+    code, out, err = run(capsys, "--workers", "2", config, "--run-dir", str(tmp_path / "a"),
+                         *short)
+    assert code == 0, err
+    assert "RTS weights and remote optimiser state" in out
+    model = os.listdir(tmp_path / "a" / "checkpoints" / "step_00000010" / "model")
+    assert "optimizer.fc1.weight.first_order.npz" in model
+    assert run(capsys, config, "--run-dir", str(tmp_path / "b"), *short,
+               "--stop-at-step", "4")[0] == 0
+    code, resumed, err = run(capsys, "--workers", "2", config, "--resume", str(tmp_path / "b"),
+                             *short)
+    assert code == 0, err
+    assert digest_of(resumed) == digest_of(out)
