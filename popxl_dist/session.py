@@ -330,7 +330,10 @@ class Session:
         if not pairs:
             return
         via_host = pairs
-        if (self._attached and other._attached
+        # Within one Session a variable both read and written by the copy (e.g. a swap) needs
+        # every source read first: the host path does that.
+        overlaps = other is self and {s.id for s, _ in pairs} & {d.id for _, d in pairs}
+        if (self._attached and other._attached and not overlaps
                 and self._runtime.shares_workers_with(other._runtime)):
             plans, host_ids = plan_copy(self._ir._data, self._runtime.blocks(),
                                         other._ir._data, other._runtime.blocks(),
@@ -341,6 +344,8 @@ class Session:
             via_host = [(s, d) for s, d in pairs if (s.id, d.id) in host_ids]
         if via_host:
             data = self.get_tensors_data([s for s, _ in via_host])
+            if other is self:         # the host buffers themselves: copy before overwriting
+                data = {t: np.array(v, copy=True) for t, v in data.items()}
             other.write_variables_data({d: data[s] for s, d in via_host})
 
     def _copy_pairs(self, other: "Session", mapping) -> list:

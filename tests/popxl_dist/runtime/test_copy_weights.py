@@ -95,3 +95,19 @@ def test_copy_cases_on_ray():
     before = len(ray_processes())
     _assert_cases_pass(popxl_run("ray", 2, CASES))
     assert wait_until(lambda: len(ray_processes()) <= before), ray_processes()
+
+
+def test_copy_within_one_session_swaps_like_the_host_copy():
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        a = popxl.variable(np.zeros(3, np.float32), name="a")
+        b = popxl.variable(np.ones(3, np.float32), name="b")
+        ops.identity(a + b)
+    session = popxl.Session(ir, "ipu_hw")
+    with session:
+        session.copy_weights_to(session, {a: b, b: a})
+        got = session.get_tensors_data([a, b])
+        np.testing.assert_array_equal(got[a], np.ones(3))
+        np.testing.assert_array_equal(got[b], np.zeros(3))
+        session.copy_weights_to(session, {a: b})          # on the worker
+        np.testing.assert_array_equal(session.get_tensor_data(b), np.ones(3))
