@@ -118,8 +118,11 @@ def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
         # (OpenBLAS's bits depend on it) for the runs to agree bit for bit.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .job.config import ConfigError
-    from .job.run import prepare, run_job
+    from .job.run import job_help, prepare, run_job
 
+    if any(a in ("-h", "--help") for a in args):
+        print(job_help())
+        return 0
     try:
         job = prepare([target, *args], backend, workers)
         missing = _backend_missing(backend)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 __all__ = ["ConfigError", "SCHEMA", "load_config", "apply_sets", "resolve", "fingerprint",
-           "find_config", "check_workers", "describe", "Config", "BUILTIN_CONFIGS"]
+           "find_config", "check_workers", "describe", "schema_lines", "Config",
+           "BUILTIN_CONFIGS"]
 
 BUILTIN_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -113,6 +114,17 @@ SCHEMA: Dict[str, Any] = {
                                                    "(0: all images)"),
     },
 }
+
+
+def schema_lines(schema: Dict[str, Any] = SCHEMA, prefix: str = "") -> List[Tuple[str, Any, str]]:
+    """(dotted key, default, doc) of every config key."""
+    out = []
+    for key, spec in schema.items():
+        if isinstance(spec, dict):
+            out += schema_lines(spec, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", spec.default, spec.doc))
+    return out
 
 
 def _defaults(schema: Dict[str, Any]) -> Dict[str, Any]:

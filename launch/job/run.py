@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .config import Config, ConfigError, apply_sets, check_workers, load_config, resolve
+from .config import (Config, ConfigError, apply_sets, check_workers, load_config, resolve,
+                     schema_lines)
 from .data import check_data
 from .rundir import RunDir, plan_run_dir
 
-__all__ = ["parse_args", "prepare", "Job", "main", "run_job"]
+__all__ = ["parse_args", "prepare", "Job", "main", "run_job", "job_help"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,9 +27,13 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = _Parser(prog="popxl-run CONFIG.yaml", add_help=False)
-    p.add_argument("config")
+def _parser() -> _Parser:
+    p = _Parser(prog="popxl-run", usage="popxl-run [--backend local|mpi|ray] [--workers W] "
+                "CONFIG.yaml [--run-dir DIR] [--resume DIR] [--set KEY=VALUE ...] "
+                "[--stop-at-step N]", add_help=False, description="The built-in MNIST job: train and test programs "
+                "from a YAML config (configs/mnist.yaml, mnist_dp2_adam.yaml, mnist_rts.yaml).")
+    p.add_argument("config", metavar="CONFIG.yaml", help="a config file, or the name of a "
+                                                         "built-in one (configs/)")
     p.add_argument("--run-dir", help="folder for a new run (default runs/<config>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -36,7 +41,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--stop-at-step", type=int, default=0, metavar="N",
                    help="stop after step N with a checkpoint, as if interrupted (continue "
                         "later with --resume)")
-    ns = p.parse_args(list(argv))
+    return p
+
+
+def job_help() -> str:
+    """The job's usage and every config key with its default."""
+    lines = [_parser().format_help(), "config keys (default):"]
+    lines += [f"  {key} ({default!r}){': ' + doc if doc else ''}"
+              for key, default, doc in schema_lines()]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    ns = _parser().parse_args(list(argv))
     if ns.stop_at_step < 0:
         raise ConfigError(f"--stop-at-step must be >= 1, got {ns.stop_at_step}")
     return ns

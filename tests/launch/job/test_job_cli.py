@@ -273,3 +273,11 @@ def test_rts_config_resumes_bitwise(capsys, tmp_path):
                              *short)
     assert code == 0, err
     assert digest_of(resumed) == digest_of(out)
+
+
+def test_help_lists_the_options_and_every_key(capsys):
+    code, out, err = run(capsys, CONFIG, "--help")
+    assert code == 0 and err == ""
+    for text in ("--run-dir", "--resume", "--set KEY=VALUE", "--stop-at-step",
+                 "train.global_batch (64)", "data.source ('auto')"):
+        assert text in out
