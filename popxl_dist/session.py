@@ -90,6 +90,7 @@ class Session:
         self._attached = False
         self._depth_attached: list = []
         self._out_of_sync = False
+        self._last_copy_plan = None
 
     # --- properties --------------------------------------------------------------------
     @property
@@ -324,8 +325,6 @@ class Session:
                 pair must agree in dtype, shape and host layout (number of groups, retrieval
                 mode).
         """
-        from .runtime.copy import plan_copy
-
         pairs = self._copy_pairs(other, mapping)
         if not pairs:
             return
@@ -335,9 +334,7 @@ class Session:
         overlaps = other is self and {s.id for s, _ in pairs} & {d.id for _, d in pairs}
         if (self._attached and other._attached and not overlaps
                 and self._runtime.shares_workers_with(other._runtime)):
-            plans, host_ids = plan_copy(self._ir._data, self._runtime.blocks(),
-                                        other._ir._data, other._runtime.blocks(),
-                                        [(s.id, d.id) for s, d in pairs])
+            plans, host_ids = self._copy_plan(other, [(s.id, d.id) for s, d in pairs])
             if any(plans):
                 self._copy_on_workers(other, plans)
             host_ids = set(host_ids)
@@ -347,6 +344,20 @@ class Session:
             if other is self:         # the host buffers themselves: copy before overwriting
                 data = {t: np.array(v, copy=True) for t, v in data.items()}
             other.write_variables_data({d: data[s] for s, d in via_host})
+
+    def _copy_plan(self, other: "Session", ids: list):
+        """`plan_copy` for these (source, destination) ids, kept for the next identical call
+        (a job copies the same weights before every evaluation)."""
+        from .runtime.copy import plan_copy
+
+        key = (weakref.ref(other._runtime), tuple(ids))
+        cached = self._last_copy_plan
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        plan = plan_copy(self._ir._data, self._runtime.blocks(), other._ir._data,
+                         other._runtime.blocks(), ids)
+        self._last_copy_plan = (key, plan)
+        return plan
 
     def _copy_pairs(self, other: "Session", mapping) -> list:
         """Check `copy_weights_to`'s arguments; the (source, destination) pairs."""
