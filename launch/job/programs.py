@@ -272,9 +272,9 @@ def build_train_program(cfg: Config) -> TrainProgram:
     ir.num_host_transfers = A
     # The accumulators are zero between steps, so a checkpoint holds weights and optimiser
     # state only.
-    state = addons.NamedTensors.from_dict({**{f"model.{k}": v for k, v in weights.to_dict().items()},
-                                           **{f"optimizer.{k}": v
-                                              for k, v in opt_state.to_dict().items()}})
+    state = addons.NamedTensors.from_dict(
+        {**{f"model.{k}": v for k, v in weights.to_dict().items()},
+         **{f"optimizer.{k}": v for k, v in opt_state.to_dict().items()}})
     session = addons.TaskSession(inputs, outputs, state, t.max_checkpoints, ir, "ipu_hw")
     return TrainProgram(session, weights, sharded, _lead(A, R))
 

@@ -28,10 +28,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog="popxl-run", usage="popxl-run [--backend local|mpi|ray] [--workers W] "
-                "CONFIG.yaml [--run-dir DIR] [--resume DIR] [--set KEY=VALUE ...] "
-                "[--stop-at-step N]", add_help=False, description="The built-in MNIST job: train and test programs "
-                "from a YAML config (configs/mnist.yaml, mnist_dp2_adam.yaml, mnist_rts.yaml).")
+    p = _Parser(prog="popxl-run", add_help=False,
+                usage="popxl-run [--backend local|mpi|ray] [--workers W] CONFIG.yaml "
+                      "[--run-dir DIR] [--resume DIR] [--set KEY=VALUE ...] [--stop-at-step N]",
+                description="The built-in MNIST job: train and test programs from a YAML "
+                            "config (configs/mnist.yaml, mnist_dp2_adam.yaml, mnist_rts.yaml).")
     p.add_argument("config", metavar="CONFIG.yaml", help="a config file, or the name of a "
                                                          "built-in one (configs/)")
     p.add_argument("--run-dir", help="folder for a new run (default runs/<config>-<time>)")
