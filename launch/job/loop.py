@@ -67,11 +67,20 @@ class _Run:
         self.total = min(total, cfg.train.steps) if cfg.train.steps else total
         n_test = min(cfg.test.limit or len(data.test_images), len(data.test_images))
         self.test_x, self.test_y = data.test_images[:n_test], data.test_labels[:n_test]
-        keep = self.resume_from[0] if self.resume_from else (0 if rd.resume else None)
-        self.metrics = MetricsLog(str(rd.metrics), resume_step=keep)
+        self.metrics = MetricsLog(str(rd.metrics), self._rows_to_keep() if rd.resume else None)
         self.step_times: List[float] = []
         self.copy_times: List[float] = []
         self.saved_at = self.resume_from[0] if self.resume_from else -1
+
+    def _rows_to_keep(self):
+        """Which metrics rows a resumed run keeps: those up to its checkpoint, except the
+        final evaluation of a finished run (it is evaluated again)."""
+        at = self.resume_from[0] if self.resume_from else 0
+
+        def keep(row) -> bool:
+            step = row.get("step", 0)
+            return step < at or (step == at and ("loss" in row or at < self.total))
+        return keep
 
     def restore(self) -> int:
         """Load the checkpoint to resume from (sessions attached); the step to continue at."""

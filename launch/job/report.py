@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
@@ -32,13 +32,13 @@ class MetricsLog:
     Rows are `{"step", "epoch", "loss", "samples_per_s"}` per training step and
     `{"step", "test_accuracy", "weight_copy_ms"}` per evaluation."""
 
-    def __init__(self, path: str, resume_step: Optional[int] = None):
+    def __init__(self, path: str, keep: Optional[Callable[[Dict[str, Any]], bool]] = None):
         self.path = path
-        if resume_step is not None:
-            # Rows after the checkpoint are redone by the resumed run.
-            keep = [r for r in read_metrics(path) if r.get("step", 0) <= resume_step]
+        if keep is not None:
+            # A resumed run: the rows it redoes are dropped.
+            rows = [r for r in read_metrics(path) if keep(r)]
             with open(path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in keep)
+                f.writelines(json.dumps(r) + "\n" for r in rows)
         self._f = open(path, "a")
 
     def write(self, **row: Any) -> None:

@@ -281,3 +281,15 @@ def test_help_lists_the_options_and_every_key(capsys):
     for text in ("--run-dir", "--resume", "--set KEY=VALUE", "--stop-at-step",
                  "train.global_batch (64)", "data.source ('auto')"):
         assert text in out
+
+
+def test_resuming_a_finished_run_evaluates_it_again(capsys, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[0], run_dir)
+    code, out, err = run(capsys, CONFIG, "--resume", str(run_dir), *SHORT)
+    assert code == 0, err
+    assert "at step 20" in out
+    assert digest_of(out) == digest_of(reference[1])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "test_accuracy" in r] == [5, 10, 15, 20]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 21))

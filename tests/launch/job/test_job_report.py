@@ -37,7 +37,7 @@ def test_metrics_log_appends_and_keeps_rows_up_to_a_resumed_step(tmp_path):
     with open(path, "a") as f:
         f.write('{"step": 6, "lo')                      # cut by an interruption
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4, 5, 5]
-    log = MetricsLog(path, resume_step=3)
+    log = MetricsLog(path, keep=lambda r: r["step"] <= 3)
     log.write(step=4, loss=0.3)
     log.close()
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
