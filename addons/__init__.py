@@ -23,6 +23,7 @@ from .remote import (
     store_remote_graph,
 )
 from .streams import InputStreams, OutputStreams
+from .task_session import TaskSession, initialise_memmap_dir_from_checkpoint, write_variables_pb
 from .transforms import (
     autodiff,
     autodiff_with_accumulation,
@@ -82,5 +83,6 @@ __all__ = [
     "autodiff_with_accumulation", "recompute_graph", "remap_grad_info", "InputStreams",
     "OutputStreams", "ops", "transforms", "GIT_COMMIT", "remote", "rts", "load_remote_graph",
     "store_remote_graph", "named_buffers", "named_variable_buffers", "create_remote_buffer",
+    "TaskSession", "write_variables_pb", "initialise_memmap_dir_from_checkpoint",
     *_am_all,
 ]
