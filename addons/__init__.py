@@ -15,6 +15,7 @@ from .module import Module, create_grad_graph_info
 from .named_replica_grouping import NamedReplicaGrouping
 from .named_tensors import NamedTensorData, NamedTensors
 from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from .route_tensor import is_subgraph, route_tensor_into_graph
 from .remote import (
     create_remote_buffer,
     load_remote_graph,
@@ -81,5 +82,6 @@ __all__ = [
     "autodiff_with_accumulation", "recompute_graph", "remap_grad_info", "InputStreams",
     "OutputStreams", "ops", "transforms", "GIT_COMMIT", "remote", "rts", "load_remote_graph",
     "store_remote_graph", "named_buffers", "named_variable_buffers", "create_remote_buffer",
+    "is_subgraph", "route_tensor_into_graph",
     *_am_all,
 ]
