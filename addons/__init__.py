@@ -27,6 +27,7 @@ from .streams import InputStreams, OutputStreams
 from .transforms import (
     autodiff,
     autodiff_with_accumulation,
+    pipelined_execution,
     recompute_graph,
     remap_grad_info,
 )
@@ -82,6 +83,6 @@ __all__ = [
     "autodiff_with_accumulation", "recompute_graph", "remap_grad_info", "InputStreams",
     "OutputStreams", "ops", "transforms", "GIT_COMMIT", "remote", "rts", "load_remote_graph",
     "store_remote_graph", "named_buffers", "named_variable_buffers", "create_remote_buffer",
-    "is_subgraph", "route_tensor_into_graph",
+    "is_subgraph", "route_tensor_into_graph", "pipelined_execution",
     *_am_all,
 ]
