@@ -25,8 +25,12 @@ from .remote import (
 )
 from .streams import InputStreams, OutputStreams
 from .transforms import (
+    RemoteHandle,
     autodiff,
     autodiff_with_accumulation,
+    batch_serial_buffer,
+    batch_serialise,
+    batch_serialise_fwd_and_grad,
     pipelined_execution,
     recompute_graph,
     remap_grad_info,
@@ -83,6 +87,7 @@ __all__ = [
     "autodiff_with_accumulation", "recompute_graph", "remap_grad_info", "InputStreams",
     "OutputStreams", "ops", "transforms", "GIT_COMMIT", "remote", "rts", "load_remote_graph",
     "store_remote_graph", "named_buffers", "named_variable_buffers", "create_remote_buffer",
-    "is_subgraph", "route_tensor_into_graph", "pipelined_execution",
+    "is_subgraph", "route_tensor_into_graph", "pipelined_execution", "batch_serialise",
+    "batch_serialise_fwd_and_grad", "batch_serial_buffer", "RemoteHandle",
     *_am_all,
 ]

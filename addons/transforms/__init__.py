@@ -1,7 +1,10 @@
 """popxl_addons transforms (`addons.transforms.autodiff` is the function)."""
 from .autodiff import autodiff, autodiff_with_accumulation, remap_grad_info
+from .batch_serialisation import (RemoteHandle, batch_serial_buffer, batch_serialise,
+                                  batch_serialise_fwd_and_grad)
 from .pipelining import pipelined_execution
 from .recomputation import recompute_graph
 
 __all__ = ["autodiff", "autodiff_with_accumulation", "remap_grad_info", "recompute_graph",
-           "pipelined_execution"]
+           "pipelined_execution", "batch_serialise", "batch_serialise_fwd_and_grad",
+           "batch_serial_buffer", "RemoteHandle"]
