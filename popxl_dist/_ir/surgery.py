@@ -16,8 +16,8 @@ from .records import GraphData, Op, TensorInfo, TensorKind
 if TYPE_CHECKING:
     from ..graph import Graph
 
-__all__ = ["tensor_name", "new_tensor", "add_input", "clone_op", "remove_ops", "consumers",
-           "modified_inputs", "call_sites", "connect_input"]
+__all__ = ["tensor_name", "new_tensor", "add_input", "clone_op", "remove_ops", "replace_uses",
+           "consumers", "modified_inputs", "call_sites", "connect_input"]
 
 
 def tensor_name(gd: GraphData, tid: str) -> str:
@@ -84,6 +84,14 @@ def remove_ops(graph: "Graph", ops: Iterable[Op]) -> None:
                 del gd.producer[t]
             gd.tensors.pop(t, None)
             graph._wrappers.pop(t, None)
+
+
+def replace_uses(gd: GraphData, old: str, new: str) -> None:
+    """Make every op input and graph output that reads tensor `old` read `new` instead."""
+    for op in gd.ops:
+        if old in op.inputs:
+            op.inputs = tuple(new if t == old else t for t in op.inputs)
+    gd.outputs = [new if t == old else t for t in gd.outputs]
 
 
 def consumers(gd: GraphData) -> Dict[str, List[Op]]:
