@@ -6,6 +6,7 @@ import logging
 import os
 from typing import Iterable, Optional
 
+import popdist
 import popxl
 from popxl import ReplicaGrouping
 
@@ -27,59 +28,107 @@ class NamedReplicaGrouping(DotTree[ReplicaGrouping]):
         return cls.from_dict({n: value for n in names})
 
 
-def fill_none_group(rg: Optional[ReplicaGrouping], ir: Optional[popxl.Ir] = None) -> ReplicaGrouping:
-    """`rg`, or the all-replicas grouping of the current (or given) Ir."""
+def fill_none_group(rg: Optional[ReplicaGrouping],
+                    none_value: Optional[ReplicaGrouping] = None) -> ReplicaGrouping:
+    """`rg`, or else `none_value`, or else the all-replicas grouping of the current Ir."""
     if rg is not None:
         return rg
-    ir = ir or popxl.gcg().ir
-    return ir.replica_grouping()
+    if none_value is not None:
+        return none_value
+    return popxl.gcg().ir.replica_grouping()
 
 
-def get_instance_replica_grouping(rg: Optional[ReplicaGrouping] = None) -> ReplicaGrouping:
-    """Restrict `rg` to one popdist instance (same stride, smaller group if it crosses)."""
+def _restrict(rg: ReplicaGrouping, block: int, what: str) -> ReplicaGrouping:
+    """`rg` cut so that no group leaves a block of `block` consecutive replicas (an instance or
+    an IPU-link domain). Constant groupings keep their stride (group size `block // stride`);
+    others keep each group's members within a block, which needs every block to repeat the
+    first block's pattern."""
+    ir = rg._ir
+    R = ir.replication_factor
+    if block <= 0 or R % block:
+        raise ValueError(f"{what}: the block of {block} replicas does not divide the "
+                         f"{R} replicas")
+    if rg.is_const:
+        if rg.group_size * rg.stride <= block:
+            return rg
+        return ir.replica_grouping(stride=rg.stride, group_size=max(block // rg.stride, 1))
+    pattern = None
+    assignment = []
+    for b in range(R // block):
+        labels = rg.assignment[b * block:(b + 1) * block]
+        first_seen = {g: i for i, g in reversed(list(enumerate(labels)))}
+        order = sorted(first_seen, key=first_seen.get)
+        local = [order.index(g) for g in labels]
+        if pattern is None:
+            pattern = local
+        elif local != pattern:
+            raise ValueError(f"{what}: the grouping {rg!r} does not repeat the same pattern in "
+                             f"every block of {block} replicas")
+        assignment += [b * (max(pattern) + 1) + g for g in local]
+    return ir.replica_grouping_from_assignments(assignment)
+
+
+def _crosses(rg: ReplicaGrouping, block: int) -> bool:
+    if rg.is_const:
+        return rg.group_size * rg.stride > block
+    return any(len({r // block for r in members}) > 1 for members in rg.groups())
+
+
+def get_instance_replica_grouping(replica_grouping: Optional[ReplicaGrouping] = None
+                                  ) -> ReplicaGrouping:
+    """`replica_grouping` (default all replicas) restricted to one popdist instance: groups
+    that cross instances are cut at the instance boundaries (`ir.instance_replication_factor`
+    consecutive replicas); a constant grouping keeps its stride."""
     ir = popxl.gcg().ir
-    rg = fill_none_group(rg, ir)
-    irf = ir.instance_replication_factor
-    if rg.group_size * rg.stride <= irf:
-        return rg
-    return ir.replica_grouping(stride=rg.stride, group_size=max(irf // rg.stride, 1))
+    rg = fill_none_group(replica_grouping)
+    return _restrict(rg, ir.instance_replication_factor, "get_instance_replica_grouping")
 
 
-def is_cross_instance(rg: Optional[ReplicaGrouping] = None) -> bool:
+def is_cross_instance(replica_grouping: Optional[ReplicaGrouping]) -> bool:
+    """Whether some group of `replica_grouping` spans several popdist instances."""
     ir = popxl.gcg().ir
-    rg = fill_none_group(rg, ir)
-    return rg.group_size * rg.stride > ir.instance_replication_factor
+    return _crosses(fill_none_group(replica_grouping), ir.instance_replication_factor)
 
 
 _warned = False
 
 
 def get_ild_size_from_popdist() -> int:
-    """`ipuLinkDomainSize` from the JSON env `POPLAR_TARGET_OPTIONS`, else min(rf, 64)."""
+    """The IPU-link domain size: `ipuLinkDomainSize` of the JSON env `POPLAR_TARGET_OPTIONS`,
+    else min(replication factor, 64) (with a warning, once, under popdist)."""
     global _warned
     opts = os.environ.get("POPLAR_TARGET_OPTIONS")
     if opts:
         try:
-            return int(json.loads(opts)["ipuLinkDomainSize"])
-        except (KeyError, ValueError, TypeError):
-            pass
+            parsed = json.loads(opts)
+        except ValueError as e:
+            raise ValueError(f"POPLAR_TARGET_OPTIONS is not valid JSON ({e}): {opts!r}") from None
+        if isinstance(parsed, dict) and "ipuLinkDomainSize" in parsed:
+            size = parsed["ipuLinkDomainSize"]
+            if isinstance(size, bool) or not isinstance(size, (int, str)) \
+                    or not str(size).isdigit() or int(size) < 1:
+                raise ValueError(f"POPLAR_TARGET_OPTIONS: ipuLinkDomainSize must be a positive "
+                                 f"int, got {size!r}")
+            return int(size)
     rf = popxl.gcg().ir.replication_factor
-    if os.environ.get("POPDIST_NUM_TOTAL_REPLICAS") and not _warned:
+    if popdist.isPopdistEnvSet() and not _warned:
         _warned = True
         logger.warning("ipuLinkDomainSize not found in POPLAR_TARGET_OPTIONS; assuming %d",
                        min(rf, 64))
     return min(rf, 64)
 
 
-def get_ild_replica_grouping(rg: Optional[ReplicaGrouping] = None) -> ReplicaGrouping:
+def get_ild_replica_grouping(replica_grouping: Optional[ReplicaGrouping] = None
+                             ) -> ReplicaGrouping:
+    """`replica_grouping` (default all replicas) restricted to one IPU-link domain
+    (`get_ild_size_from_popdist()` consecutive replicas)."""
     ir = popxl.gcg().ir
-    rg = fill_none_group(rg, ir)
-    ild = get_ild_size_from_popdist()
-    if rg.group_size * rg.stride <= ild:
-        return rg
-    return ir.replica_grouping(stride=rg.stride, group_size=max(ild // rg.stride, 1))
+    rg = fill_none_group(replica_grouping)
+    return _restrict(rg, min(get_ild_size_from_popdist(), ir.replication_factor),
+                     "get_ild_replica_grouping")
 
 
-def is_cross_ild(rg: Optional[ReplicaGrouping] = None) -> bool:
-    rg = fill_none_group(rg)
-    return rg.group_size * rg.stride > get_ild_size_from_popdist()
+def is_cross_ild(replica_grouping: Optional[ReplicaGrouping]) -> bool:
+    """Whether some group of `replica_grouping` spans several IPU-link domains."""
+    rg = fill_none_group(replica_grouping)
+    return _crosses(rg, get_ild_size_from_popdist())

@@ -11,6 +11,7 @@ from ._ir.records import TensorKind
 from .runtime import create_runtime
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, Variable
+from .transforms.patterns import check_op_to_identity_applied
 from .utils import _DOWNCAST, to_numpy
 
 __all__ = ["Session"]
@@ -70,6 +71,7 @@ class Session:
         self._device_desc = device_desc
         # As upstream: a read-only memmap variable cannot take weights back on exit.
         self.weights_to_host_on_exit = weights_to_host_on_exit and not ir._has_read_only_memmap
+        check_op_to_identity_applied(ir._data)
         ir._prepared = True
         data = ir._data
         main = data.main

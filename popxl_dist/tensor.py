@@ -125,7 +125,7 @@ class Tensor:
     @property
     def ipu(self) -> int:
         op = self._graph._data.producer.get(self.id)
-        if op is None:
+        if op is None or "ipu" in self._info.extra:   # multi-IPU ops place each output
             ipu = self._info.extra.get("ipu", 0)
         else:
             ipu = op.ipu

@@ -7,6 +7,10 @@ the main graph and returns a Tensor or a tuple of Tensors; each is host_stored. 
 `popxl.transforms.autodiff`, and returns (outputs, input gradients) for output gradients `dys`.
 
 `numeric_grads(fn, arrays, dys)`: central finite differences of sum(out_i * dy_i) in float64.
+
+`replicated_grads(fn, R, arrays, dys)`: `grads` on R replicas: `arrays` and `dys` carry a leading
+replica axis (one value per replica), and so do the results. The OpToIdentity pattern is applied
+to every graph (as `popxl_addons.patterns.apply_pre_alias_patterns` does).
 """
 from __future__ import annotations
 
@@ -91,3 +95,35 @@ def numeric_grads(fn: Callable, arrays: Sequence[np.ndarray], dys: Sequence[np.n
             g[idx] = (f(plus) - f(minus)) / (2 * eps)
         result.append(g)
     return result
+
+
+def replicated_grads(fn: Callable, R: int, arrays: Sequence[np.ndarray],
+                     dys: Sequence[np.ndarray]):
+    """(outputs, float-input gradients) of `fn` on R replicas, each `(R, *shape)`."""
+    from popxl.transforms.patterns import apply_pre_alias_patterns
+
+    ir = popxl.Ir(replication=R)
+    with ir.main_graph:
+        specs = [popxl.TensorSpec(a.shape[1:], popxl.dtype.as_dtype(a.dtype)) for a in arrays]
+        g = ir.create_graph(lambda *xs: fn(*xs), *specs)
+        required = [t for t in g.inputs if t.dtype.is_floating_point]
+        bwd = popxl.transforms.autodiff(g, grads_required=required)
+        streams = [popxl.h2d_stream(a.shape[1:], popxl.dtype.as_dtype(a.dtype), f"in{i}")
+                   for i, a in enumerate(arrays)]
+        info = ops.call_with_info(g, *[ops.host_load(s) for s in streams])
+        dy_streams = [popxl.h2d_stream(d.shape[1:], popxl.dtype.as_dtype(d.dtype), f"dy{i}")
+                      for i, d in enumerate(dys)]
+        gouts = ops.call(bwd.graph, *[ops.host_load(s) for s in dy_streams],
+                         inputs_dict=bwd.inputs_dict(info))
+        d2h = []
+        for i, o in enumerate(list(info.outputs[:len(dys)]) + list(gouts)):
+            s = popxl.d2h_stream(o.shape, o.dtype, f"out{i}")
+            ops.host_store(s, o)
+            d2h.append(s)
+    for graph in ir._graph_cache.values():
+        apply_pre_alias_patterns(graph)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        feeds = dict(zip(streams + dy_streams, list(arrays) + list(dys)))
+        res = sess.run({s: a if R > 1 else a[0] for s, a in feeds.items()})
+    vals = [res[s] if R > 1 else res[s][np.newaxis] for s in d2h]
+    return vals[:len(dys)], vals[len(dys):]

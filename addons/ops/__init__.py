@@ -1,4 +1,6 @@
-"""popxl_addons ops (pure popxl; upstream's C++ custom ops are not provided)."""
+"""popxl_addons ops. As upstream, the custom ops (`replicated_all_reduce_TP`,
+`cross_entropy_sharded_loss`, `layer_norm_distributed`, `rotary_pos_embed`, ...) are sub-packages
+imported explicitly, e.g. `from popxl_addons.ops.rotary_pos_embed import rotary_pos_embed`."""
 from .cross_entropy import cross_entropy, cross_entropy_with_grad
 from .streams import host_load, host_store
 

@@ -9,6 +9,7 @@ import numpy as np
 import popxl
 from popxl import ops
 from popxl.transforms import ExpectedConnection, GradGraphInfo
+from popxl.transforms.patterns import apply_pre_alias_patterns
 
 from ..dot_tree import sanitise
 from ..graph import BoundGraph, GraphWithNamedArgs
@@ -53,14 +54,18 @@ def autodiff(graph: GraphLike, grads_provided: Optional[Iterable[popxl.Tensor]] 
     """The gradient graph of `graph` (popxl autodiff; the forward graph gains outputs for the
     activations the gradient needs). Returns it with empty named args.
 
-    Upstream also applies the pre-alias and inplace patterns to the gradient graphs; they change
-    op types only (e.g. `Mul` -> `MulRhsInplace`), not values, and are not applied here.
+    As upstream, the "default" pre-alias patterns are applied to every gradient graph made:
+    OpToIdentity turns the `*_identical_inputs` collectives that gradients of
+    `*_identical_grad_inputs` ones produce into identities. (Upstream's other patterns, and its
+    inplace pattern, change op types only, e.g. `Mul` -> `MulRhsInplace`, and are not applied.)
     """
     g = _graph_of(graph)
     infos = popxl.transforms.autodiff(
         g, grads_provided=grads_provided, grads_required=grads_required,
         called_graphs_grad_info=_merged_grad_infos(graph, called_graphs_grad_info),
         return_all_grad_graphs=True)
+    for info in infos.values():
+        apply_pre_alias_patterns(info.graph, "default")
     return GraphWithNamedArgs.from_grad_graph(infos[g])
 
 

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["Layout", "Communicator", "Transport", "group_of", "index_in_group", "members",
-           "REDUCE_OPS"]
+           "REDUCE_OPS", "reduce_values"]
 
 
 def group_of(r: int, stride: int, group_size: int) -> int:
@@ -166,7 +166,8 @@ class _Tree:
         if id(left) in self.owned:
             out = self.combine(left, right, out=left)
         else:
-            out = self.combine(left, right)
+            # ufuncs return NumPy scalars for 0-d operands: keep an array (it is written to)
+            out = np.asarray(self.combine(left, right))
             self.owned.add(id(out))
         self.known[(lo, hi)] = out
         return out
@@ -184,6 +185,31 @@ class _Tree:
         left, right = self.value(lo, mid), self.value(mid, hi)
         self.combine(left, right, out=dest)
         return dest
+
+
+def reduce_values(values: Sequence[np.ndarray], op: str) -> np.ndarray:
+    """The reduction of `values` (in member order) held in one place, with the communicator's
+    fixed tree and accumulation rules: the same bits as an all-reduce over a group whose
+    members hold these values. A fresh array of the values' dtype."""
+    if op not in _COMBINE:
+        raise ValueError(f"unknown reduction {op!r}; expected one of {REDUCE_OPS}")
+    k = len(values)
+    dtype = values[0].dtype
+    acc = _acc_dtype(dtype, op)
+    leaf = _leaf_fn(op, acc)
+    known, owned = {}, set()
+    for i, v in enumerate(values):
+        x = leaf(v)
+        if x is not v:
+            owned.add(id(x))
+        known[(i, i + 1)] = x
+    total = _Tree(_COMBINE[op], known, owned, (0, k)).value(0, k)
+    if op == "mean":
+        total = _finish_mean(total, op, k, acc, inplace=id(total) in owned)
+        owned.add(id(total))
+    if total.dtype != dtype:
+        return total.astype(dtype)
+    return total if id(total) in owned else total.copy()
 
 
 class _Group:

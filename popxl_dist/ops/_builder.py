@@ -18,7 +18,8 @@ from ..graph import Graph
 from ..tensor import Tensor, constant
 
 __all__ = ["Out", "add_op", "check_tensor", "check_in_graph", "check_same_dtype",
-           "broadcast_shape", "normalize_axes", "as_tensor_like", "debug_location"]
+           "broadcast_shape", "normalize_axes", "as_tensor_like", "debug_location",
+           "check_float_tensors"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LIB_DIRS = (os.path.join(_ROOT, "popxl_dist") + os.sep, os.path.join(_ROOT, "addons") + os.sep)
@@ -49,6 +50,15 @@ def check_tensor(t: Any, opname: str, argname: str) -> Tensor:
         raise TypeError(f"{opname}: argument '{argname}' must be a popxl.Tensor, got "
                         f"{type(t).__name__}")
     return t
+
+
+def check_float_tensors(opname: str, floats: Sequence[dtypes.dtype], **tensors: Any) -> None:
+    """Each keyword argument must be a Tensor whose dtype is one of `floats`."""
+    for argname, t in tensors.items():
+        check_tensor(t, opname, argname)
+        if t.dtype not in floats:
+            raise TypeError(f"{opname}: '{t.id}' must be "
+                            f"{' or '.join(d.name for d in floats)}, got {t.dtype.name}")
 
 
 def check_in_graph(g: Graph, t: Tensor, opname: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any
+from typing import Any, List, Optional, Sequence
 
 from .. import dtypes
 from ..context import gcg
@@ -29,6 +29,9 @@ from .shape_core import reshape, transpose
 __all__ = [
     "CommGroup",
     "CommGroupType",
+    "all_reduce",
+    "all_reduce_identical_grad_inputs",
+    "all_reduce_identical_inputs",
     "replica_sharded_slice",
     "replicated_all_gather",
     "replicated_all_reduce",
@@ -277,3 +280,79 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
     attrs: dict[str, Any] = {"stride": stride, "group_size": size, "mode": mode, "axis": axis}
     return add_op("ReplicatedAllGather", "replicated_all_gather", [t],
                   [Out(f"{t.name}_all_gathered", shape, t.dtype)], attrs)[0]
+
+
+# --- all-reduce across the IPUs of one replica -------------------------------------------------
+def _all_reduce_ipus(opname: str, ts: Sequence[Tensor], ipus: Optional[Sequence[int]], op: str,
+                     identical_inputs: bool, identical_grad_inputs: bool) -> List[Tensor]:
+    if isinstance(ts, Tensor) or not isinstance(ts, (list, tuple)) or not ts:
+        raise TypeError(f"{opname}: 'ts' must be a non-empty list of popxl.Tensor (one per IPU), "
+                        f"got {type(ts).__name__}")
+    for i, t in enumerate(ts):
+        check_tensor(t, opname, f"ts[{i}]")
+    first = ts[0]
+    for t in ts[1:]:
+        if t.shape != first.shape or t.dtype != first.dtype:
+            raise ValueError(f"{opname}: every input must have the shape and dtype of "
+                             f"'{first.id}' {first.shape} {first.dtype.name}; '{t.id}' is "
+                             f"{t.shape} {t.dtype.name}")
+    op = _check_op(opname, op, first)
+    if ipus is None:
+        ipus = [t.ipu for t in ts]
+    elif (not isinstance(ipus, (list, tuple))
+          or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ipus)):
+        raise TypeError(f"{opname}: 'ipus' must be a list of non-negative ints, got {ipus!r}")
+    if len(ipus) != len(ts):
+        raise ValueError(f"{opname}: {len(ts)} tensors but {len(ipus)} ipus {list(ipus)}")
+    if len(set(ipus)) != len(ipus):
+        raise ValueError(f"{opname}: each tensor must be on a different IPU, got ipus "
+                         f"{list(ipus)}")
+    attrs: dict[str, Any] = {"op": op, "ipus": tuple(ipus),
+                             "identical_inputs": bool(identical_inputs),
+                             "identical_grad_inputs": bool(identical_grad_inputs)}
+    outs = add_op("AllReduce", "all_reduce", list(ts),
+                  [Out(f"{t.name}_all_reduce", t.shape, t.dtype, t.meta_shape) for t in ts],
+                  attrs)
+    for o, ipu in zip(outs, ipus):
+        o._info.extra["ipu"] = ipu
+    return outs
+
+
+def all_reduce(ts: List[Tensor], ipus: Optional[List[int]] = None,
+               op: str = "add") -> List[Tensor]:
+    """Reduce tensors held by different IPUs of the same replica (pipeline or tensor
+    parallelism within a replica); every output holds the reduction of all inputs.
+
+    Args:
+        ts: one tensor per IPU, all of the same shape and dtype.
+        ipus: the IPU of each tensor (default: inferred from where each tensor was produced).
+        op: "add", "mean", "min", "max", "mul", "and", "or" or "square_add". Only "add" has a
+            gradient (the all-reduce of the output gradients).
+
+    Returns:
+        One tensor per input, `<name>_all_reduce`, placed on that input's IPU. Reductions run
+        in list order with the replicated collectives' fixed tree, so splitting a reduction over
+        IPUs or over replicas gives the same bits.
+
+    Example:
+        >>> with popxl.ipu(0): a = x0 @ w0
+        >>> with popxl.ipu(1): b = x1 @ w1
+        >>> a_sum, b_sum = ops.collectives.all_reduce([a, b])
+    """
+    return _all_reduce_ipus("all_reduce", ts, ipus, op, False, False)
+
+
+def all_reduce_identical_inputs(ts: List[Tensor], ipus: Optional[List[int]] = None,
+                                op: str = "add") -> List[Tensor]:
+    """`all_reduce` for inputs known to be identical: the forward pass is an identity (each
+    output is its input) and the gradient is the all-reduce of the output gradients (the
+    Megatron "f" operator). Arguments as `all_reduce`."""
+    return _all_reduce_ipus("all_reduce_identical_inputs", ts, ipus, op, True, False)
+
+
+def all_reduce_identical_grad_inputs(ts: List[Tensor], ipus: Optional[List[int]] = None,
+                                     op: str = "add") -> List[Tensor]:
+    """`all_reduce` whose output gradients are known to be identical: the forward pass is the
+    all-reduce and the gradient is an identity (the Megatron "g" operator). Arguments as
+    `all_reduce`."""
+    return _all_reduce_ipus("all_reduce_identical_grad_inputs", ts, ipus, op, False, True)

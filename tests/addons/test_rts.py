@@ -17,8 +17,6 @@ from popxl_addons.ops.replicated_strided_collectives import (
     replicated_all_gather_strided,
     replicated_all_reduce_strided,
     replicated_all_reduce_strided_graph,
-    replicated_all_reduce_strided_identical_grad_inputs,
-    replicated_all_reduce_strided_identical_inputs,
     replicated_reduce_scatter_strided,
 )
 from popxl_addons.optimizers.adam import AdamOptimizerStep
@@ -171,10 +169,6 @@ def test_strided_collective_errors():
             replicated_all_gather_strided(x, group=2)
         with pytest.raises(TypeError, match="popxl.Tensor"):
             replicated_all_gather_strided(np.zeros(4))
-        with pytest.raises(NotImplementedError, match="grad"):
-            replicated_all_reduce_strided_identical_inputs(x)
-        with pytest.raises(NotImplementedError, match="grad"):
-            replicated_all_reduce_strided_identical_grad_inputs(x)
 
 
 def test_all_reduce_strided_graph(workers):

@@ -1,5 +1,5 @@
 """Kernels: collectives across replicas (ReplicatedAllReduce[Inplace], ReplicatedReduceScatter,
-ReplicatedAllGather).
+ReplicatedAllGather), and AllReduce across the IPUs of one replica.
 
 Collective factories return ``fn(comm, per_replica) -> outputs``: `per_replica[j]` is the input
 tuple of the worker's j-th local replica (`comm.replicas[j]`), and `fn` returns one array per
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..comm import reduce_values
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -43,6 +44,22 @@ def _all_reduce_inplace_kernel(attrs, ins, outs) -> Callable:
     def run(comm, per_replica: PerReplica) -> list[np.ndarray]:
         xs = [p[0] for p in per_replica]
         return list(comm.all_reduce(xs, op, stride, size, out=xs))
+    return run
+
+
+@kernel("AllReduce")
+def _all_reduce_ipus_kernel(attrs, ins, outs) -> Callable:
+    """Within one replica: every output is the reduction of all inputs (in list order, with the
+    communicator's tree), or a copy of its own input for identical inputs."""
+    op = attrs["op"]
+    if attrs.get("identical_inputs"):
+        def identity(*xs: np.ndarray) -> tuple:
+            return tuple(x.copy() for x in xs)
+        return identity
+
+    def run(*xs: np.ndarray) -> tuple:
+        total = reduce_values(xs, op)
+        return (total,) + tuple(total.copy() for _ in xs[1:])
     return run
 
 

@@ -1,4 +1,4 @@
-"""Grad rules: collectives across replicas (as upstream).
+"""Grad rules: collectives across replicas (as upstream), and AllReduce across IPUs.
 
 ReplicatedAllReduce(Inplace) has no grad op upstream: autodiff stops there. A Local reduce-scatter
 (replica_sharded_slice, replicated_slice) differentiates to an all-gather of the gradient; any
@@ -12,6 +12,7 @@ import numpy as np
 from ... import ops
 from ...context import gcg
 from ...ops.collectives import (
+    _all_reduce_ipus,
     replica_sharded_slice,
     replicated_all_gather,
     replicated_slice,
@@ -65,3 +66,21 @@ def _all_gather_grad(g, dys) -> Grads:
                        "all_gather_grad_pad")
         dx = replica_sharded_slice(ops.concat([ops.reshape(dy, (dy.nelms,)), pad], 0), group)
     return [ops.reshape(dx, info.shape) if dx.shape != info.shape else dx]
+
+
+@grad_rule("AllReduce")
+def _all_reduce_ipus_grad(g, dys) -> Grads:
+    """The same op with the two `identical` flags swapped: an all-reduce of the output
+    gradients becomes an identity where the outputs' gradients are identical, and the other
+    way round. Only "add" is differentiable (as upstream)."""
+    a = g.attrs
+    if a["op"] != "add":
+        raise NotImplementedError(f"autodiff: the grad of {g.op.describe()} is only defined for "
+                                  f"op 'add', got {a['op']!r}")
+    if a["identical_grad_inputs"]:
+        return list(dys)
+    dys = [d if d is not None else ops.init(g.out_info(i).shape, g.out_info(i).dtype,
+                                            "zero_grad", "zero")
+           for i, d in enumerate(dys)]
+    return _all_reduce_ipus("all_reduce_grad", dys, list(a["ipus"]), "add",
+                            a["identical_grad_inputs"], a["identical_inputs"])

@@ -99,6 +99,18 @@ def test_all_reduce_matches_numpy_and_is_bitwise_stable(R, op, split_mode):
                 assert res[r].tobytes() == outs[1][r].tobytes(), (W, r)
 
 
+@pytest.mark.parametrize("R", [4, 8])
+@pytest.mark.parametrize("op", ["add", "mean", "max"])
+def test_all_reduce_of_scalars(R, op):
+    """0-d values (a loss, a norm) combine into 0-d arrays, not NumPy scalars."""
+    xs = [np.asarray(np.float32(r + 0.5)) for r in range(R)]
+    for W in (1, 2):
+        res = run_workers(R, W, lambda c, reps: c.all_reduce([xs[r] for r in reps], op, 1, R))
+        for r in range(R):
+            assert isinstance(res[r], np.ndarray) and res[r].shape == ()
+            np.testing.assert_allclose(res[r], REF[op](np.stack(xs)), rtol=1e-6)
+
+
 def test_all_reduce_float16_accumulates_in_float32(split_mode):
     R = 8
     xs = [np.full((4,), 1000.0, np.float16)] + [np.full((4,), 0.3, np.float16)] * 7

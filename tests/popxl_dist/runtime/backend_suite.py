@@ -1,7 +1,8 @@
-"""One process start per backend: the collective and remote-buffer cases, failure scenarios and
-a short data-parallel MNIST run, all in one host script.
+"""One process start per backend: the collective, tensor-parallel and remote-buffer cases,
+failure scenarios and a short data-parallel MNIST run, all in one host script.
 
-    popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--failures a,b]
+    popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--gpt-losses PATH]
+                                                       [--failures a,b]
 
 Prints the lines of each part; exit status = number of failed parts.
 """
@@ -19,11 +20,16 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import collective_cases  # noqa: E402
 import failure_cases  # noqa: E402
 import remote_cases  # noqa: E402
+import tp_cases  # noqa: E402
+
+
+GPT_ARGS = ["--tp", "2", "--dp", "2", "--steps", "3", "--compare"]
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--dp-weights", default="")
+    p.add_argument("--gpt-losses", default="")
     p.add_argument("--failures", default="")
     p.add_argument("--no-cases", action="store_true")
     ns = p.parse_args()
@@ -31,12 +37,17 @@ def main() -> int:
     if not ns.no_cases:
         failed += collective_cases.main() != 0
         failed += remote_cases.main() != 0
+        failed += tp_cases.main() != 0
     if ns.dp_weights:
         import mnist_data_parallel
 
         failed += mnist_data_parallel.main(["--limit", "6", "--test-batches", "2",
                                             "--no-progress", "--save-weights",
                                             ns.dp_weights]) not in (0, None)
+    if ns.gpt_losses:
+        import gpt_tiny_tp
+
+        failed += gpt_tiny_tp.main(GPT_ARGS + ["--save-losses", ns.gpt_losses]) != 0
     if ns.failures:
         failed += failure_cases.main(ns.failures.split(",")) != 0
     print(f"suite: {failed} failed part(s)", flush=True)

@@ -1,7 +1,7 @@
-"""Every backend with real workers: collectives and remote buffers / RTS on 2, 4 and 8 replicas
-(stride > 1 groups included), failures surfacing in the host, bitwise-identical training on local / mpi / ray and
-any worker count, and no processes left behind. Process starts are few: one `popxl-run` per
-backend for the bulk, plus the crash and Ctrl-C runs."""
+"""Every backend with real workers: collectives, tensor-parallel ops and remote buffers / RTS on
+1 to 8 replicas (stride > 1 groups included), failures surfacing in the host, bitwise-identical
+training on local / mpi / ray and any worker count, and no processes left behind. Process starts
+are few: one `popxl-run` per backend for the bulk, plus the crash and Ctrl-C runs."""
 from __future__ import annotations
 
 import importlib.util
@@ -17,6 +17,7 @@ import pytest
 import collective_cases
 import failure_cases
 import remote_cases
+import tp_cases
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -87,6 +88,13 @@ def test_collective_cases_on_local_backend(monkeypatch, capsys, workers):
     assert collective_cases.main() == 0, capsys.readouterr().out[-3000:]
 
 
+@pytest.mark.parametrize("workers", [None, "2", "3"])
+def test_tp_cases_on_local_backend(monkeypatch, capsys, workers):
+    if workers:
+        monkeypatch.setenv("POPXL_WORKERS", workers)
+    assert tp_cases.main() == 0, capsys.readouterr().out[-3000:]
+
+
 @pytest.mark.parametrize("workers", [None, "3"])
 def test_remote_cases_on_local_backend(monkeypatch, capsys, workers):
     if workers:
@@ -113,6 +121,18 @@ def local_weights(tmp_path_factory):
     return load_weights(path)
 
 
+@pytest.fixture(scope="module")
+def local_gpt_losses(tmp_path_factory):
+    """The tensor-parallel GPT example's losses (TP=2 x DP=2, then TP=1 x DP=2) in process."""
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    import backend_suite
+    import gpt_tiny_tp
+
+    path = tmp_path_factory.mktemp("gpt") / "local.npy"
+    assert gpt_tiny_tp.main(backend_suite.GPT_ARGS + ["--save-losses", str(path)]) == 0
+    return np.load(path)
+
+
 def test_worker_threads_train_bitwise_like_one_worker(monkeypatch, tmp_path, local_weights):
     import mnist_data_parallel
 
@@ -125,12 +145,16 @@ def test_worker_threads_train_bitwise_like_one_worker(monkeypatch, tmp_path, loc
 
 # --- mpi -------------------------------------------------------------------------------
 @needs_mpi
-def test_mpi_two_ranks_cases_failures_and_bitwise_training(tmp_path, local_weights):
-    path = tmp_path / "mpi.npz"
-    res = popxl_run("mpi", 2, SUITE, "--dp-weights", str(path), "--failures", "error,diverge")
+def test_mpi_two_ranks_cases_failures_and_bitwise_training(tmp_path, local_weights,
+                                                           local_gpt_losses):
+    path, gpt = tmp_path / "mpi.npz", tmp_path / "gpt.npy"
+    res = popxl_run("mpi", 2, SUITE, "--dp-weights", str(path), "--gpt-losses", str(gpt),
+                    "--failures", "error,diverge")
     assert_suite_ok(res)
     assert_bitwise_equal(load_weights(path), local_weights)
     assert "Accuracy on test set:" in res.stdout
+    assert "TP=2 vs TP=1 losses" in res.stdout
+    assert np.load(gpt).tobytes() == local_gpt_losses.tobytes()
     assert wait_until(lambda: not our_processes(SUITE))
 
 

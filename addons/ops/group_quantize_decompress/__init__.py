@@ -1,0 +1,9 @@
+"""4-bit group quantisation of weights (upstream custom op, FlexGen scheme)."""
+from .group_quantize_decompress import (
+    group_quantize_compress_numpy,
+    group_quantize_decompress,
+    group_quantize_decompress_numpy,
+)
+
+__all__ = ["group_quantize_compress_numpy", "group_quantize_decompress",
+           "group_quantize_decompress_numpy"]

@@ -1,0 +1,9 @@
+"""Tensor-parallel replicated all-reduce (upstream's `replicated_all_reduce_TP` custom op)."""
+from .replicated_all_reduce_TP import (
+    replicated_all_reduce,
+    replicated_all_reduce_identical_grad_inputs,
+    replicated_all_reduce_identical_inputs,
+)
+
+__all__ = ["replicated_all_reduce", "replicated_all_reduce_identical_grad_inputs",
+           "replicated_all_reduce_identical_inputs"]

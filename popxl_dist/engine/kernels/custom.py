@@ -1,0 +1,90 @@
+"""Kernels: RotaryPosEmbed (+Grad), GroupQuantizeDecompress, LinearLayout and
+DenseConstSparseMatMul (upstream: popxl.addons C++ custom ops). float16 computes in float32 and
+rounds once."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ._util import F16, F32, np_dtype
+from .registry import kernel
+
+__all__: list = []   # registrations only
+
+
+def _rotary(attrs, outs, sign: float) -> Callable:
+    r = int(attrs["rotary_dim"])
+    h = r // 2
+    dt = np_dtype(outs[0])
+
+    def run(t, sin, cos):
+        out = t.astype(F32)                         # a fresh array
+        x1 = out[..., :h].copy()
+        x2 = out[..., h:r].copy()
+        s = sin.astype(F32) * F32.type(sign)
+        c = cos.astype(F32)
+        out[..., :h] = x1 * c - x2 * s
+        out[..., h:r] = x2 * c + x1 * s
+        return out.astype(dt, copy=False)
+    return run
+
+
+@kernel("RotaryPosEmbed")
+def _rotary_kernel(attrs, ins, outs) -> Callable:
+    """Rotate-half RoPE: with x1, x2 the two halves of the first `rotary_dim` features,
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); the other features pass through."""
+    return _rotary(attrs, outs, 1.0)
+
+
+@kernel("RotaryPosEmbedGrad")
+def _rotary_grad_kernel(attrs, ins, outs) -> Callable:
+    """The inverse rotation (the transpose of an orthogonal map)."""
+    return _rotary(attrs, outs, -1.0)
+
+
+_SHIFTS = np.array([0, 4, 8, 12], np.uint16)
+
+
+def unpack_nibbles(t: np.ndarray) -> np.ndarray:
+    """uint16 `(..., W)` -> uint8 codes `(..., 4W)`: word w holds codes 4w..4w+3, lowest nibble
+    first."""
+    return ((t[..., None] >> _SHIFTS) & 0xF).astype(np.uint8).reshape(t.shape[:-1] + (-1,))
+
+
+@kernel("GroupQuantizeDecompress")
+def _gq_decompress_kernel(attrs, ins, outs) -> Callable:
+    dim = int(attrs["dim"])
+    dt = np_dtype(outs[0])
+    lead = tuple(ins[0].shape[:-2])
+
+    def run(t, scale, bias):
+        v = unpack_nibbles(t).astype(F32)
+        v *= scale.astype(F32)
+        v += bias.astype(F32)
+        v = np.moveaxis(v.reshape(lead + (-1,)), -1, dim)
+        return np.ascontiguousarray(v.astype(dt, copy=False))
+    return run
+
+
+@kernel("LinearLayout", view=True)
+def _linear_layout_kernel(attrs, ins, outs) -> Callable:
+    return lambda t: t
+
+
+@kernel("DenseConstSparseMatMul")
+def _dense_sparse_matmul_kernel(attrs, ins, outs) -> Callable:
+    """The constant CSR matrix is expanded once, at compile time, and multiplied by BLAS
+    (float32 accumulation for float16)."""
+    data, indices, indptr = (ins[i].data for i in (1, 2, 3))
+    if data is None or indices is None or indptr is None:
+        raise ValueError("the sparse matrix must be constant (values, column indices and row "
+                         "pointers)")
+    rows, cols = int(attrs["rows"]), int(attrs["cols"])
+    dense = np.zeros((rows, cols), F32)
+    row_of = np.repeat(np.arange(rows), np.diff(indptr))
+    np.add.at(dense, (row_of, indices), data.astype(F32))
+    dt = np_dtype(outs[0])
+    if dt == F16:
+        return lambda lhs, *_: np.matmul(lhs.astype(F32), dense).astype(F16)
+    return lambda lhs, *_: np.matmul(lhs, dense)

@@ -1,0 +1,247 @@
+"""The single-replica custom ops: `rotary_pos_embed` (+ tables), group quantisation and
+`LinearGQ`, `linear_layout`, and the dense x constant-sparse matmul, against NumPy references
+written here (gradients against finite differences or the matmul identity)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+import popxl_addons as addons
+from harness import grads, run_ops
+from popxl_addons.layers.linear_gq import LinearGQ
+from popxl_addons.ops.group_quantize_decompress import (
+    group_quantize_compress_numpy,
+    group_quantize_decompress,
+    group_quantize_decompress_numpy,
+)
+from popxl_addons.ops.linear_layout import linear_layout
+from popxl_addons.ops.rotary_pos_embed import rotary_pos_embed, trig_table_constants, trig_tables
+from popxl_addons.ops.static_sparse_ops import (
+    CSRMatrix,
+    dense_const_sparse_matmul,
+    random_sparse,
+)
+
+
+# --- rotary positional embedding ----------------------------------------------------------------
+def _rope_ref(x, rotary_dim, base=10000, sign=1.0):
+    """Position p, pair i: (x[i], x[i + r/2]) rotated by sign * p * base**(-2i/r), element by
+    element (sign -1: the inverse rotation, which is the transpose of the rotation)."""
+    out = x.astype(np.float64).copy()
+    seq, half = x.shape[-2], rotary_dim // 2
+    for p in range(seq):
+        for i in range(half):
+            a = sign * p / base ** (2 * i / rotary_dim)
+            x1, x2 = x[..., p, i].astype(np.float64), x[..., p, i + half].astype(np.float64)
+            out[..., p, i] = x1 * np.cos(a) - x2 * np.sin(a)
+            out[..., p, i + half] = x2 * np.cos(a) + x1 * np.sin(a)
+    return out
+
+
+def test_trig_tables():
+    sin, cos = trig_tables(5, 6, base=100)
+    assert sin.shape == cos.shape == (5, 3) and sin.dtype == np.float32
+    np.testing.assert_allclose(sin[4, 1], np.sin(4 / 100 ** (2 / 6)), rtol=1e-6)
+    np.testing.assert_allclose(cos[3, 2], np.cos(3 / 100 ** (4 / 6)), rtol=1e-6)
+    assert trig_tables(2, 4, np_dtype="float16")[0].dtype == np.float16
+    with pytest.raises(ValueError, match="positive even"):
+        trig_tables(4, 3)
+
+
+@pytest.mark.parametrize("rotary_dim", [8, 4])
+def test_rotary_pos_embed_forward_and_gradient(rotary_dim):
+    rng = np.random.default_rng(rotary_dim)
+    x = rng.normal(size=(2, 3, 5, 8)).astype(np.float32)      # (batch, heads, seq, head_dim)
+
+    def fn(t):
+        sin, cos = trig_table_constants(5, rotary_dim)
+        return rotary_pos_embed(t, sin, cos, rotary_dim)
+
+    out, = run_ops(fn, x)
+    np.testing.assert_allclose(out, _rope_ref(x, rotary_dim), rtol=1e-5, atol=1e-6)
+    dy = rng.normal(size=x.shape).astype(np.float32)
+    _, (dx,) = grads(fn, [x], [dy])
+    np.testing.assert_allclose(dx, _rope_ref(dy, rotary_dim, sign=-1.0), rtol=1e-5, atol=1e-6)
+    # the gradient is the transpose: <rope(x), dy> == <x, dx>
+    np.testing.assert_allclose(np.sum(_rope_ref(x, rotary_dim) * dy), np.sum(x * dx), rtol=1e-4)
+
+
+def test_rotary_pos_embed_float16_and_errors():
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float16)
+    out, = run_ops(lambda t: rotary_pos_embed(t, *trig_table_constants(4, 6, dtype=popxl.float16)),
+                   x)
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out, _rope_ref(x, 6), atol=2e-3)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(np.zeros((4, 6), np.float32))
+        sin, cos = trig_table_constants(4, 6)
+        with pytest.raises(ValueError, match="rotary_dim must be an even int"):
+            rotary_pos_embed(t, sin, cos, 8)
+        with pytest.raises(ValueError, match=r"\(seq, rotary_dim // 2\) = \(4, 2\)"):
+            rotary_pos_embed(t, sin, cos, 4)
+        with pytest.raises(ValueError, match="sin and cos must both be"):
+            rotary_pos_embed(t, sin, ops.reshape(cos, (12,)))
+        with pytest.raises(ValueError, match=r"\(\.\.\., seq, head_dim\)"):
+            rotary_pos_embed(ops.reshape(t, (24,)), sin, cos)
+
+
+# --- group quantisation -----------------------------------------------------------------------
+def _decompress_ref(packed, scale, bias, dim):
+    """Element by element: value j of group g is nibble j % 4 of word j // 4."""
+    lead = packed.shape[:-2]
+    G, W = packed.shape[-2:]
+    out = np.zeros(lead + (G * W * 4,), np.float32)
+    for idx in np.ndindex(lead + (G, W * 4)):
+        *rest, g, j = idx
+        code = (int(packed[(*rest, g, j // 4)]) >> (4 * (j % 4))) & 15
+        out[(*rest, g * W * 4 + j)] = code * np.float32(scale[(*rest, g, 0)]) + np.float32(
+            bias[(*rest, g, 0)])
+    return np.moveaxis(out.astype(scale.dtype), -1, dim)
+
+
+@pytest.mark.parametrize("dim,group", [(-1, 8), (0, 4), (1, 16)])
+def test_group_quantize_round_trip_and_kernel(dim, group):
+    rng = np.random.default_rng(group)
+    w = rng.normal(size=(8, 16)).astype(np.float32)
+    packed, scale, bias = group_quantize_compress_numpy(w, group, dim)
+    moved = np.moveaxis(w, dim, -1)
+    assert packed.dtype == np.uint16 and scale.dtype == bias.dtype == np.float16
+    assert packed.shape == moved.shape[:-1] + (moved.shape[-1] // group, group // 4)
+    assert scale.shape == moved.shape[:-1] + (moved.shape[-1] // group, 1)
+    host = group_quantize_decompress_numpy(packed, scale, bias, dim)
+    ref = _decompress_ref(packed, scale, bias, dim)
+    np.testing.assert_array_equal(host, ref)
+    step = np.repeat(scale.astype(np.float32), group, axis=-1).reshape(moved.shape)
+    assert np.all(np.abs(np.moveaxis(host, dim, -1) - moved) <= step / 2 + 2e-3)
+    out, = run_ops(lambda t, s, b: group_quantize_decompress(t, s, b, dim), packed, scale, bias)
+    assert out.dtype == np.float16 and out.shape == w.shape
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_group_quantize_constant_groups_and_errors():
+    packed, scale, bias = group_quantize_compress_numpy(np.full((2, 4), 3.0), 4, -1)
+    assert np.all(scale == 0) and np.all(group_quantize_decompress_numpy(
+        packed, scale, bias, -1) == 3.0)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        group_quantize_compress_numpy(np.zeros((2, 12)), 6, -1)
+    with pytest.raises(ValueError, match="dim 2 is out of range"):
+        group_quantize_compress_numpy(np.zeros((2, 12)), 4, 2)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(np.zeros((2, 3, 1), np.uint16))
+        s = popxl.variable(np.zeros((2, 3, 1), np.float16))
+        with pytest.raises(TypeError, match="must be uint16"):
+            group_quantize_decompress(ops.cast(t, popxl.int32), s, s)
+        with pytest.raises(ValueError, match=r"shape \(2, 3, 1\)"):
+            group_quantize_decompress(t, ops.reshape(s, (6, 1)), s)
+        with pytest.raises(ValueError, match="dim 2 is out of range"):
+            group_quantize_decompress(t, s, s, dim=2)
+
+
+def test_linear_gq_forward_gradient_and_torch_mapping():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(3, 16)).astype(np.float16)
+    layer = torch.nn.Linear(16, 8)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream(x.shape, popxl.float16, "x")
+        facts, graph = LinearGQ(8, group_size=8).create_graph(s.spec)
+        variables = facts.init()
+        xt = ops.host_load(s)
+        info = graph.bind(variables).call_with_info(xt)
+        dgraph = addons.autodiff(graph, grads_required=graph.graph.inputs[:1])
+        dx, = dgraph.call(popxl.constant(np.ones((3, 8), np.float16)),
+                          args=dgraph.grad_graph_info.inputs_dict(info))
+        outs = [addons.host_store(t) for t in (info.outputs[0], dx)]
+    assert variables.weight.dtype == popxl.uint16 and variables.weight.shape == (16, 1, 2)
+    weights = LinearGQ.torch_mapping(variables, layer, popxl.float16, group_size=8)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        sess.write_variables_data(weights)
+        y, gx = (sess.run({s: x})[o] for o in outs)
+    w = group_quantize_decompress_numpy(weights[variables.weight],
+                                        weights[variables.weight_scale],
+                                        weights[variables.weight_bias], -1).astype(np.float32)
+    want = x.astype(np.float32) @ w + layer.bias.detach().numpy()
+    np.testing.assert_allclose(y, want, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(y, x.astype(np.float32) @ layer.weight.detach().numpy().T
+                               + layer.bias.detach().numpy(), atol=0.1)   # quantisation error
+    np.testing.assert_allclose(gx, np.ones((3, 8)) @ w.T, rtol=2e-2, atol=2e-2)
+
+
+def test_linear_gq_initial_weights_are_one_quantised_draw():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        facts, _ = LinearGQ(8, dim=0).create_graph(popxl.TensorSpec((2, 12), popxl.float32))
+        v = facts.init()
+    with popxl.Session(ir, "ipu_hw") as sess:
+        data = sess.get_tensors_data([v.weight, v.weight_scale, v.weight_bias])
+    w = group_quantize_decompress_numpy(data[v.weight], data[v.weight_scale],
+                                        data[v.weight_bias], 0)
+    assert w.shape == (12, 8) and 0.005 < w.std() < 0.05     # truncated normal, std 0.02
+
+
+# --- linear layout and static sparse matmul ---------------------------------------------------
+def test_linear_layout_is_an_identity_with_identity_gradient():
+    x = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    out, = run_ops(lambda t: linear_layout(t, bs=4), x)
+    np.testing.assert_array_equal(out, x)
+    dy = np.full((3, 4), 2.0, np.float32)
+    _, (dx,) = grads(lambda t: linear_layout(t) * 3.0, [x], [dy])
+    np.testing.assert_array_equal(dx, 6.0)
+    ir = popxl.Ir()
+    with ir.main_graph, pytest.raises(ValueError, match="bs must be a positive int"):
+        linear_layout(popxl.variable(x), bs=0)
+
+
+def test_csr_matrix_and_random_sparse():
+    rng = np.random.default_rng(1)
+    dense = rng.normal(size=(6, 7))
+    m = CSRMatrix.from_dense(np.where(dense > 0, dense, 0))
+    np.testing.assert_array_equal(m.toarray(), np.where(dense > 0, dense, 0))
+    np.random.seed(0)
+    big = random_sparse(np.ones((100, 100), np.float32), density=0.3)
+    assert 0.25 < big.nnz / 10000 < 0.35 and np.all(big.data == 1)
+    with pytest.raises(ValueError, match="not a valid CSR"):
+        CSRMatrix(np.ones(2), [0, 9], [0, 1, 2], (2, 3))
+    with pytest.raises(ValueError, match="density"):
+        random_sparse(dense, 1.5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_dense_const_sparse_matmul_forward_and_gradient(dtype):
+    rng = np.random.default_rng(2)
+    lhs = rng.normal(size=(2, 3, 6)).astype(dtype)
+    dense = np.where(rng.random((6, 5)) < 0.4, rng.normal(size=(6, 5)), 0).astype(np.float32)
+    rhs = CSRMatrix.from_dense(dense)
+    out, = run_ops(lambda t: dense_const_sparse_matmul(t, rhs, 5), lhs)
+    assert out.dtype == dtype and out.shape == (2, 3, 5)
+    tol = 1e-5 if dtype == np.float32 else 1e-2
+    np.testing.assert_allclose(out, lhs.astype(np.float32) @ dense, rtol=tol, atol=tol)
+    dy = rng.normal(size=(2, 3, 5)).astype(dtype)
+    _, (dx,) = grads(lambda t: dense_const_sparse_matmul(t, rhs, 5), [lhs], [dy])
+    np.testing.assert_allclose(dx, dy.astype(np.float32) @ dense.T, rtol=tol, atol=tol)
+
+
+def test_dense_const_sparse_matmul_accepts_any_csr_object_and_checks():
+    class ScipyLike:                          # the attributes of a scipy.sparse.csr_matrix
+        data = np.array([2.0, 3.0])
+        indices = np.array([1, 0])
+        indptr = np.array([0, 1, 1, 2])
+        shape = (3, 2)
+
+    lhs = np.array([[1.0, 10.0, 100.0]], np.float32)
+    out, = run_ops(lambda t: dense_const_sparse_matmul(t, ScipyLike(), 2), lhs)
+    np.testing.assert_array_equal(out, [[300.0, 2.0]])
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(lhs)
+        with pytest.raises(ValueError, match="output_cols"):
+            dense_const_sparse_matmul(t, ScipyLike(), 3)
+        with pytest.raises(ValueError, match="inner dims differ"):
+            dense_const_sparse_matmul(ops.reshape(t, (3, 1)), ScipyLike(), 2)
+        with pytest.raises(TypeError, match="CSR matrix"):
+            dense_const_sparse_matmul(t, np.eye(3), 3)
