@@ -26,7 +26,8 @@ from popxl._ir.records import GraphData, Op, TensorKind
 
 from ..module import Module
 
-__all__ = ["pipelined_execution", "StageContext", "Stash", "Restore", "Pipelining"]
+__all__ = ["pipelined_execution", "StageContext", "Stash", "Restore", "Pipelining",
+           "get_op_pipeline_stage"]
 
 OpId = int
 
@@ -90,7 +91,7 @@ class StageContext:
 
     def _stage_of(self, t: popxl.Tensor) -> Optional[int]:
         op = t._graph._data.producer.get(t.id)
-        return None if op is None else self.ops.get(op.id)
+        return None if op is None else get_op_pipeline_stage(op, self.ops)
 
     def stash_and_restore_tensor(self, t: popxl.Tensor,
                                  from_stage: Optional[int] = None) -> popxl.Tensor:
@@ -137,6 +138,11 @@ class StageContext:
             if stage is not None:
                 activations[sub] = self.stash_and_restore_tensor(act, from_stage=stage)
         return activations
+
+
+def get_op_pipeline_stage(op: Op, op_dict: Dict[OpId, int]) -> Optional[int]:
+    """The pipeline stage `op` was created in (`op_dict` is `StageContext.ops`), or None."""
+    return op_dict.get(op.id)
 
 
 @contextmanager
@@ -210,6 +216,16 @@ class Pipelining:
         with self.graph:
             ops.call(pipeline, *[self.graph._tensor(t) for t in self.external_inputs])
 
+    def required_for_host_load(self, op: Op, users: Optional[Dict[str, List[Op]]] = None
+                               ) -> bool:
+        """Whether `op` only makes the buffer host loads of its own stage fill (an Init)."""
+        if op.type != "Init" or not op.outputs:
+            return False
+        users = users if users is not None else surgery.consumers(self.graph._data)
+        readers = users.get(op.outputs[0], [])
+        return bool(readers) and all(u.type == "HostLoad" and self.stage_of.get(u.id) ==
+                                     self.stage_of.get(op.id) for u in readers)
+
     def _classify(self, gd: GraphData, tagged: List[Op]) -> None:
         """Kinds of ops (load / compute / store / copy), the stage where each tensor is usable,
         and the checks that values only cross stages through copies and stashes."""
@@ -228,9 +244,7 @@ class Pipelining:
                 self.usable_in[op.outputs[0]] = src + 1
             else:
                 kind = {"HostLoad": "load", "HostStore": "store"}.get(op.type, "compute")
-                if op.type == "Init" and op.outputs and all(
-                        u.type == "HostLoad" and self.stage_of.get(u.id) == s
-                        for u in users.get(op.outputs[0], [None])):
+                if self.required_for_host_load(op, users):
                     kind = "load"
                 self.usable_in.update({t: s for t in op.outputs})
             self.kind[op.id] = kind

@@ -172,3 +172,14 @@ def test_store_of_a_tensor_updated_later_in_its_stage_sees_its_value_at_the_stor
     np.testing.assert_array_equal(acc0, (xs + 2).sum(0))
     assert b0.tobytes() == b1.tobytes() and a0.tobytes() == a1.tobytes()
     assert acc0.tobytes() == acc1.tobytes()
+
+
+def test_tensors_made_in_the_pipeline_cannot_be_used_after_it():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream((2,), popxl.float32, "x")
+        with addons.pipelined_execution(2) as p:
+            with p.stage(0):
+                x = ops.host_load(s) * 2.0
+        with pytest.raises(ValueError, match="no longer exists in graph"):
+            x + 1.0
