@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Dict, Iterable, List
 
@@ -365,9 +364,7 @@ def build_plain_program(replicas: int = 2, accumulation: int = 4, micro_batch: i
                 state = opt_facts.init(prefix=f"adam.{name}")
                 opt.bind(state).call(var, grads[var], *([norm] if norm is not None else []))
                 states.update({f"{name}.{k}": t for k, t in state.named_tensors.items()})
-            ops.var_updates.accumulator_scale_(accums.mean_accum_counter, 0.0)
-            for g in grads.values():
-                ops.var_updates.accumulator_scale_(g, 0.0)
+            dp.reset_accumulators(accums)
     ir.num_host_transfers = accumulation
     session = popxl.Session(ir, "ipu_hw")
     return dp.TrainProgram(session, [img_stream, label_stream], loss_stream, variables,
@@ -394,20 +391,7 @@ def main(argv: list[str] | None = None) -> int:
            "in phases (remote RTS weights and Adam state, batch serialisation)")
     print(f"Training {how}: {args.replicas} replicas x {args.accumulation} micro batches x "
           f"{args.micro_batch} = {program.global_batch} images per step")
-    t_train = time.perf_counter()
-    losses = dp.train(program, args.epochs, args.limit, progress=not args.no_progress)
-    t_train = time.perf_counter() - t_train
-    weights = dp.trained_weights(program)
-    if args.save_weights:
-        np.savez(args.save_weights, **weights)
-    acc = dp.test(weights, args.test_batch_size, args.test_batches,
-                  progress=not args.no_progress)
-    print(f"Accuracy on test set: {acc:0.2f}%")
-    print(f"Training time: {t_train:0.1f} s ({1000 * t_train / max(len(losses), 1):0.0f} ms "
-          f"per step)")
-    print(f"Total time: {time.perf_counter() - t0:0.1f} s")
-    return 0
-
+    return dp.finish(program, args, t0)
 
 if __name__ == "__main__":
     sys.exit(main())

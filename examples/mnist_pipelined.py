@@ -151,9 +151,7 @@ def build_train_program(replicas: int = 1, accumulation: int = 8, micro_batch: i
                         for g in grads.values():
                             ops.collectives.replicated_all_reduce_(g, op="mean")
                     states.update(dp.optimiser_step(variables, grads, optimiser, lr).to_dict())
-                    ops.var_updates.accumulator_scale_(accums.mean_accum_counter, 0.0)
-                    for g in grads.values():
-                        ops.var_updates.accumulator_scale_(g, 0.0)
+                    dp.reset_accumulators(accums)
 
     ir.num_host_transfers = accumulation
     session = popxl.Session(ir, "ipu_hw")
@@ -179,19 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     how = "not pipelined" if args.no_pipeline else f"pipelined in {STAGES} stages over 2 IPUs"
     print(f"Training ({how}): {args.replicas} replica(s) x {args.accumulation} micro batches "
           f"x {args.micro_batch} = {program.global_batch} images per step")
-    t_train = time.perf_counter()
-    dp.train(program, args.epochs, args.limit, progress=not args.no_progress)
-    t_train = time.perf_counter() - t_train
-    weights = dp.trained_weights(program)
-    if args.save_weights:
-        np.savez(args.save_weights, **weights)
-    acc = dp.test(weights, args.test_batch_size, args.test_batches,
-                  progress=not args.no_progress)
-    print(f"Accuracy on test set: {acc:0.2f}%")
-    print(f"Training time: {t_train:0.1f} s")
-    print(f"Total time: {time.perf_counter() - t0:0.1f} s")
-    return 0
-
+    return dp.finish(program, args, t0)
 
 if __name__ == "__main__":
     sys.exit(main())
