@@ -164,7 +164,8 @@ def build_phased_program(replicas: int = 2, accumulation: int = 4, micro_batch: 
                                      gelu=False).create_graph(h_spec)
         head_dfacts, head_bwd = addons.autodiff_with_accumulation(
             head_fwd, head_fwd.args.tensors, grads_required=[head_fwd.graph.inputs[0]])
-        step_facts, step_graph = HeadStep(head_facts, head_fwd, head_dfacts, head_bwd).create_graph(
+        head_step = HeadStep(head_facts, head_fwd, head_dfacts, head_bwd)
+        step_facts, step_graph = head_step.create_graph(
             h_spec, popxl.TensorSpec((micro_batch,), popxl.int32))
 
         # ----- Remote buffers: weights, gradients, moments; activations and their grads -----
@@ -262,7 +263,7 @@ def optimiser_phases(ir: popxl.Ir, groups: Dict[str, Group], norm, adam_step, lr
     clip = dict(global_norm=popxl.TensorSpec((), popxl.float32) if norm is not None else None,
                 global_norm_max=clip_norm if norm is not None else None)
     all_moments = {}
-    for key, group in groups.items():
+    for group in groups.values():
         shard_specs = {k: popxl.TensorSpec(b.tensor_shape, b.tensor_dtype, b.meta_shape)
                        for k, b in group.weights.to_dict().items()}
         graphs, moment_facts = {}, {}
@@ -274,8 +275,8 @@ def optimiser_phases(ir: popxl.Ir, groups: Dict[str, Group], norm, adam_step, lr
         moment_facts = addons.NamedVariableFactories.from_dict(moment_facts)
         buffers = addons.named_variable_buffers(moment_facts, len(group.names))
         for i, name in enumerate(group.names):
-            for k, v in moment_facts.init_remote(buffers, i, prefix=f"adam.{name}").to_dict().items():
-                all_moments[f"{name}.{k}"] = v
+            created = moment_facts.init_remote(buffers, i, prefix=f"adam.{name}")
+            all_moments.update({f"{name}.{k}": v for k, v in created.to_dict().items()})
 
         def update(index, step: popxl.Tensor, gnorm) -> None:
             load, names = addons.load_remote_graph(group.weights, use_io_tiles=True)
@@ -305,7 +306,6 @@ def optimiser_phases(ir: popxl.Ir, groups: Dict[str, Group], norm, adam_step, lr
             ops.repeat(graph, len(group.names), _counter(0), adam_step,
                        *([norm] if norm is not None else []))
     return addons.NamedTensors.from_dict(all_moments)
-
 
 
 class Net(addons.Module):

@@ -319,7 +319,8 @@ class Pipelining:
                 self.stores[s] = self._graph_of(f"pipeline_stage_{s}_store", gd, stores)
         copies = [op for op in tagged if self.kind[op.id] == "copy"]
         if copies:
-            self.ipu_copies = self._graph_of("pipeline_ipu_copy", gd, copies)
+            # All copies read the previous cycle's values, even where one copies another's output.
+            self.ipu_copies = self._graph_of("pipeline_ipu_copy", gd, copies, inputs_only=True)
         needed = set()
         for sg in self._all_graphs():
             needed.update(sg.input_keys)
@@ -332,9 +333,11 @@ class Pipelining:
         return gs + ([self.ipu_copies] if self.ipu_copies else [])
 
     def _graph_of(self, name: str, gd: GraphData, op_list: List[Op],
-                  snapshots: List[Tuple[int, str, str]] = ()) -> _StageGraph:
+                  snapshots: List[Tuple[int, str, str]] = (),
+                  inputs_only: bool = False) -> _StageGraph:
         """A new graph holding copies of `op_list`; every tensor it makes is a candidate output
-        (pruned to the ones other graphs read once all graphs exist)."""
+        (pruned to the ones other graphs read once all graphs exist). With `inputs_only` the
+        ops read graph inputs only, never each other's outputs."""
         sg = _StageGraph(self.ir.create_empty_graph(name))
         snap_after: Dict[int, List[Tuple[str, str]]] = {}
         positions = {op.id: i for i, op in enumerate(gd.ops)}
@@ -343,8 +346,6 @@ class Pipelining:
             before = [c for c in op_list if positions[c.id] < positions[op_id]]
             snap_after.setdefault(before[-1].id if before else -1, []).append((t, key))
         self._snapshot(sg, gd, snap_after.get(-1, []))
-        # IPU copies all read the values of the previous cycle, even from each other's outputs.
-        inputs_only = name == "pipeline_ipu_copy"
         in_map: Dict[str, str] = {}
         for op in op_list:
             reads = {t: self.reads.get((op.id, t), t) for t in op.inputs}

@@ -103,7 +103,8 @@ def test_cross_stage_read_without_copy_or_stash_raises():
                 z = (y * 2.0).copy_to_ipu(0)
             with p.stage(2):
                 z + x     # x belongs to stage 0: needs stash_and_restore_tensor
-    with pytest.raises(ValueError, match="in stage 2 reads tensor 'x_hostload', which belongs to stage 0"):
+    with pytest.raises(ValueError,
+                       match="in stage 2 reads tensor 'x_hostload', which belongs to stage 0"):
         _tiny(6, body)
 
 
