@@ -11,7 +11,7 @@ def _set(ir: popxl.Ir, value: bool) -> None:
     for gd in ir._data.graphs.values():
         for op in gd.ops:
             if op.type == "MatMul":
-                op.attrs["fully_connected_pass"] = value
+                op.attrs["use_fully_connected_pass"] = value
 
 
 def disable_fc_pass(ir: popxl.Ir) -> None:

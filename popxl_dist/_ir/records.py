@@ -91,7 +91,7 @@ class Op:
     # Planning hints set by popxl_addons' transforms, read back as upstream's ops report them
     # (no effect on the numbers).
     def useFullyConnectedPass(self) -> bool:
-        return bool(self.attrs.get("fully_connected_pass", True))
+        return bool(self.attrs.get("use_fully_connected_pass", True))
 
     def getAvailableMemoryProportion(self) -> float:
         return float(self.attrs.get("available_memory_proportion", 0.6))

@@ -22,7 +22,7 @@ def test_print_only_at_or_above_model_log_level(monkeypatch, capfd, env_level, p
         warn = addons.print_tensor(x, title="always", level="WARN")
         s = popxl.d2h_stream((2,), popxl.float32, "y")
         ops.host_store(s, y)
-    types = [op.type for op in ir.main_graph._pb_graph.getOps()]
+    types = [op.type for op in ir.main_graph._data.ops]
     assert types.count("PrintTensor") == (3 if printed else 1)
     assert (y.id.startswith("print")) == printed and warn is not x
     with popxl.Session(ir, "ipu_hw") as sess:

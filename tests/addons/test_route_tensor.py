@@ -82,7 +82,7 @@ def test_route_reaches_every_call_site():
         ops.call(inner, acc)
     with inner:
         ops.var_updates.accumulate_(inner.inputs[0], addons.route_tensor_into_graph(w))
-    sites = [op for op in ir.main_graph._pb_graph.getOps() if op.type == "Call"]
+    sites = [op for op in ir.main_graph._data.ops if op.type == "Call"]
     assert all(w.id in op.inputs for op in sites)
     with popxl.Session(ir, "ipu_hw") as s:
         s.run()

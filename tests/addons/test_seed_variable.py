@@ -55,7 +55,7 @@ def test_default_is_one_seed_per_replica():
 
 def test_fragments_and_errors():
     ir, *_ = _program(2)
-    ctx = [(op.type, op.exec_ctx) for op in ir.main_graph._pb_graph.getOps()]
+    ctx = [(op.type, op.exec_ctx) for op in ir.main_graph._data.ops]
     assert ("RemoteLoad", "WeightsFromHostFragment") in ctx
     assert ("RemoteStore", "WeightsToHostFragment") in ctx
     with ir.main_graph, pytest.raises(TypeError, match="'seed' must be an int"):

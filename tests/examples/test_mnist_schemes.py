@@ -67,11 +67,11 @@ def _same(a: dict, b: dict) -> None:
 
 
 def _op_types(ir) -> Counter:
-    return Counter(op.type for g in ir._pb_ir.getAllGraphs() for op in g.getOps())
+    return Counter(op.type for gd in ir._data.graphs.values() for op in gd.ops)
 
 
 def _graph_names(ir) -> list:
-    return [g.id for g in ir._pb_ir.getAllGraphs()]
+    return list(ir._data.graphs)
 
 
 def test_pipelined_trains_like_the_plain_program(pipelined, tmp_path, capsys):
@@ -100,8 +100,7 @@ def test_pipeline_structure_and_errors(pipelined):
     assert {op.ipu for op in computes["0"]._data.ops} == {0}
     assert {op.ipu for op in computes["1"]._data.ops} == {1}
     assert {op.ipu for op in computes["2"]._data.ops} == {0}
-    copies = [op for op in ir._pb_ir.getAllGraphs() for op in op.getOps()
-              if op.type == "IpuCopy"]
+    copies = [op for gd in ir._data.graphs.values() for op in gd.ops if op.type == "IpuCopy"]
     assert sorted((op.attrs["source"], op.attrs["destination"]) for op in copies) == \
         [(0, 1), (1, 0)]
     with pytest.raises(ValueError, match="at least 6"):

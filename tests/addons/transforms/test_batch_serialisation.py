@@ -62,7 +62,7 @@ def test_host_streams_equal_plain_calls(io_mode):
                 assert sorted(bs.graph.args.keys_flat()) == ["b", "w"]
                 assert bs.remap_tensors(g.args).to_dict().keys() == g.args.to_dict().keys()
                 bs.graph.bind(weights).call(0)
-                types = [op.type for gr in ir._pb_ir.getAllGraphs() for op in gr.getOps()]
+                types = [op.type for gd in ir._data.graphs.values() for op in gd.ops]
                 assert ("IoTileCopy" in types) == (io_mode != "compute")
                 assert ("Loop" in types)
             else:
@@ -162,7 +162,7 @@ def test_remote_rows_offsets_and_sharding(io_mode, sharded, replicas):
         (ys_ref,), _ = _session_run(ref, {x2: xs}, [y2])
         assert ys.tobytes() == ys_ref.tobytes()
     if sharded:
-        types = [op.type for gr in ir._pb_ir.getAllGraphs() for op in gr.getOps()]
+        types = [op.type for gd in ir._data.graphs.values() for op in gd.ops]
         assert "ReplicatedAllGather" in types and "ReplicatedReduceScatter" in types
 
 

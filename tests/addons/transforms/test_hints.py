@@ -26,7 +26,7 @@ def _program():
 
 
 def _ops(ir, op_type):
-    return [op for g in ir._pb_ir.getAllGraphs() for op in g.getOps() if op.type == op_type]
+    return [op for gd in ir._data.graphs.values() for op in gd.ops if op.type == op_type]
 
 
 def test_available_memory_proportion_by_ipu():
@@ -36,8 +36,8 @@ def test_available_memory_proportion_by_ipu():
     assert by_ipu == [(0, 0.3), (0, 0.3)]    # the subgraph's matmul was built on IPU 0 too
     (gather,) = _ops(ir, "Gather")
     assert gather.getAvailableMemoryProportion() == 0.5
-    (sub,) = [g for g in ir._pb_ir.getAllGraphs() if "lambda" in g.id]
-    addons.set_graph_available_memory_proportion_by_ipu(ir._graph(sub.id), [0.1])
+    (sub,) = [gid for gid in ir._data.graphs if "lambda" in gid]
+    addons.set_graph_available_memory_proportion_by_ipu(ir._graph(sub), [0.1])
     assert sorted(op.getAvailableMemoryProportion() for op in _ops(ir, "MatMul")) == [0.1, 0.3]
     with pytest.raises(ValueError, match="only 1 proportion"):
         addons.set_available_memory_proportion_by_ipu(ir, [0.2])

@@ -16,7 +16,7 @@ import pipeline_program as pp
 
 
 def _graphs(ir):
-    return {g.id.rsplit("_subgraph(", 1)[0]: g for g in ir._pb_ir.getAllGraphs()}
+    return {gid.rsplit("_subgraph(", 1)[0]: ir._graph(gid) for gid in ir._data.graphs}
 
 
 @pytest.mark.parametrize("steps, explicit_stash", [(6, False), (7, True), (11, False)])
@@ -44,9 +44,9 @@ def test_pipeline_graph_structure():
                  *(f"pipeline_stage_{s}_compute" for s in range(stages))):
         assert name in graphs, name
     assert "pipeline_stage_2_load" not in graphs and "pipeline_stage_0_store" not in graphs
-    main_ops = [op.type for op in prog.ir.main_graph._pb_graph.getOps()]
+    main_ops = [op.type for op in prog.ir.main_graph._data.ops]
     assert main_ops == ["Call"]
-    pipeline = graphs["pipeline_graph"]._graph
+    pipeline = graphs["pipeline_graph"]
     calls = Counter(op.called[0].rsplit("_subgraph(", 1)[0]
                     for op in pipeline._data.ops if op.type == "Call")
     # Ramp-up runs stages [0, 1) and [0, 2); ramp-down [1, 3) and [2, 3): every stage twice.
@@ -56,11 +56,11 @@ def test_pipeline_graph_structure():
     (loop,) = [op for op in pipeline._data.ops if op.type == "Loop"]
     assert loop.attrs["trip_count"] == steps - (stages - 1)
     # The IPU copies carry micro batches from one cycle to the next; placement is kept.
-    copies = graphs["pipeline_ipu_copy"].getOps()
+    copies = graphs["pipeline_ipu_copy"]._data.ops
     assert sorted((op.type, op.ipu) for op in copies) == [("IpuCopy", 0), ("IpuCopy", 1)]
-    assert len(graphs["pipeline_main_cycle"]._graph.outputs) == 2
-    assert {op.ipu for op in graphs["pipeline_stage_1_compute"].getOps()} == {1}
-    assert {op.ipu for op in graphs["pipeline_stage_2_compute"].getOps()} == {0}
+    assert len(graphs["pipeline_main_cycle"].outputs) == 2
+    assert {op.ipu for op in graphs["pipeline_stage_1_compute"]._data.ops} == {1}
+    assert {op.ipu for op in graphs["pipeline_stage_2_compute"]._data.ops} == {0}
 
 
 def _tiny(steps, body):

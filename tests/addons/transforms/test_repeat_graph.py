@@ -38,8 +38,8 @@ def test_repeat_main_graph_equals_unrolled_bitwise():
     body = repeat_graph(ir.main_graph, 4)
     assert body.id.startswith("repeat_graph")
     # The main graph keeps only the loop; the body holds the ops in creation order.
-    assert [op.type for op in ir.main_graph._pb_graph.getOps()] == ["Loop"]
-    types = [op.type for op in body._pb_graph.getOps()]
+    assert [op.type for op in ir.main_graph._data.ops] == ["Loop"]
+    types = [op.type for op in body._data.ops]
     assert types.index("Accumulate") < types.index("Mul") < types.index("ReduceSum")
     assert [t.name for t in body.inputs] == ["v"] and body._by_ref_inputs == {body.inputs[0]}
     repeated = _run(ir, *handles, xs)
@@ -55,12 +55,12 @@ def test_repeat_main_graph_equals_unrolled_bitwise():
 
 def test_repeat_count_one_or_less_is_untouched():
     ir, *_ = _accumulate_program(1)
-    n_graphs = len(ir._pb_ir.getAllGraphs())
-    n_ops = len(ir.main_graph._pb_graph.getOps())
+    n_graphs = len(ir._data.graphs)
+    n_ops = len(ir.main_graph._data.ops)
     for count in (1, 0, -2):
         assert repeat_graph(ir.main_graph, count) is ir.main_graph
-    assert len(ir._pb_ir.getAllGraphs()) == n_graphs
-    assert len(ir.main_graph._pb_graph.getOps()) == n_ops
+    assert len(ir._data.graphs) == n_graphs
+    assert len(ir.main_graph._data.ops) == n_ops
 
 
 def test_repeat_subgraph_with_outputs_and_by_ref_input():
@@ -95,9 +95,9 @@ def test_fragment_ops_stay_and_rts_shard_is_by_ref():
     with ir.main_graph:
         full, shard = popxl.replica_sharded_variable(np.arange(4, dtype=np.float32), name="w")
         ops.var_updates.accumulate_(shard, popxl.constant(np.ones(2, np.float32)))
-        fragments = [op.exec_ctx for op in ir.main_graph._pb_graph.getOps()]
+        fragments = [op.exec_ctx for op in ir.main_graph._data.ops]
     repeat_graph(ir.main_graph, 3)
-    ctxs = [op.exec_ctx for op in ir.main_graph._pb_graph.getOps()]
+    ctxs = [op.exec_ctx for op in ir.main_graph._data.ops]
     assert ctxs.count("WeightsFromHostFragment") == fragments.count("WeightsFromHostFragment")
     assert ctxs.count("WeightsToHostFragment") == fragments.count("WeightsToHostFragment")
     with popxl.Session(ir, "ipu_hw") as s:

@@ -20,7 +20,7 @@ def _grad_program(dtype, decompose: bool):
         g = ir.create_graph(fwd, spec, spec, spec)
         info = popxl.transforms.autodiff(g, grads_required=[g.inputs[0]])
         bwd = info.graph
-        sums = [op for op in bwd._pb_graph.getOps() if op.type == "Sum"]
+        sums = [op for op in bwd._data.ops if op.type == "Sum"]
         if decompose:
             assert popxl.transforms.decompose_sum(bwd) is bwd
         streams = [popxl.h2d_stream((3, 4), dtype, n) for n in ("x", "a", "b", "dy")]
@@ -40,7 +40,7 @@ def test_decomposed_sum_is_bitwise_equal(dtype):
     for decompose in (False, True):
         ir, streams, out, sums, bwd = _grad_program(dtype, decompose)
         assert len(sums) == 1 and len(sums[0].inputs) == 3
-        types = [op.type for op in bwd._pb_graph.getOps()]
+        types = [op.type for op in bwd._data.ops]
         if decompose:
             assert "Sum" not in types
             assert types.count("AddLhsInplace") == 1
@@ -63,6 +63,6 @@ def test_single_contribution_makes_no_sum_and_bad_argument():
     with ir.main_graph:
         g = ir.create_graph(lambda x: x * 2.0, popxl.TensorSpec((2,), popxl.float32))
         info = popxl.transforms.autodiff(g)
-    assert "Sum" not in [op.type for op in info.graph._pb_graph.getOps()]
+    assert "Sum" not in [op.type for op in info.graph._data.ops]
     with pytest.raises(TypeError, match="popxl.Graph"):
         popxl.transforms.decompose_sum("graph")
