@@ -70,7 +70,8 @@ class Session:
                              f"{device_desc!r}")
         self._ir = ir
         self._device_desc = device_desc
-        self.weights_to_host_on_exit = weights_to_host_on_exit
+        # As upstream: a read-only memmap variable cannot take weights back on exit.
+        self.weights_to_host_on_exit = weights_to_host_on_exit and not ir._has_read_only_memmap
         check_op_to_identity_applied(ir._data)
         ir._prepared = True
         data = ir._data
@@ -243,8 +244,14 @@ class Session:
         values = self._runtime.read_variables(list(self._variables))
         for tid, value in values.items():
             buf = self._host_weights[tid]
-            if buf.shape == value.shape:
+            if isinstance(buf, np.memmap) and not buf.flags.writeable:
+                # A read-only file keeps being the host value while the device agrees with it.
+                if not np.array_equal(buf, value):
+                    self._host_weights[tid] = value
+            elif buf.shape == value.shape:
                 buf[...] = value
+                if isinstance(buf, np.memmap):
+                    buf.flush()
             else:
                 self._host_weights[tid] = value
         self._out_of_sync = False
@@ -291,6 +298,10 @@ class Session:
                 raise NotImplementedError(f"write_variable_data: variable '{v.id}' has "
                                           f"retrieval_mode 'all_replicas' with group_size > 1, "
                                           f"which cannot be written (as upstream)")
+            host = self._host_weights[v.id]
+            if isinstance(host, np.memmap) and not host.flags.writeable:
+                raise ValueError(f"write_variable_data: variable '{v.id}' is backed by a "
+                                 f"read-only memmap ({host.filename})")
             want = storage_numpy(v.dtype)
             float8 = v.dtype in FLOAT8_DTYPES
             if isinstance(data, (int, float, bool, np.number)) and not isinstance(data, np.ndarray):
