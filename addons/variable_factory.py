@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
+import popdist
 import popxl
 from popxl import ops
 from popxl.utils import to_numpy
@@ -112,17 +113,35 @@ class VariableFactory:
 
     def next_memmap(self, memmap_dir: str, name: str, empty: bool = False,
                     read_only_if_exists: bool = False) -> np.memmap:
-        """The next value stored in `<memmap_dir>/<name>.npy` (as a memmap)."""
+        """The next value as a memmap of the `.npy` file `<memmap_dir>/<name>.npy`.
+
+        An existing file is opened read-only with `read_only_if_exists` (nothing is drawn).
+        Otherwise popdist instance 0 writes the next value (every instance draws it, so the
+        data sources stay in step) and, in a popdist run, all instances wait at an MPI barrier
+        before opening the file for reading and writing.
+        """
         path = os.path.join(memmap_dir, f"{name}.npy")
         groups = self.replica_grouping.num_groups
         shape = self._full_shape if groups == 1 else (groups, *self._full_shape)
-        if os.path.exists(path) and read_only_if_exists:
-            return np.memmap(path, self.dtype.as_numpy(), "r", shape=shape)
-        os.makedirs(memmap_dir, exist_ok=True)
-        mm = np.memmap(path, self.dtype.as_numpy(), "w+", shape=shape)
-        if not empty:
-            mm[...] = self.next_data()
-        return mm
+        if read_only_if_exists and os.path.exists(path):
+            mm = np.load(path, mmap_mode="r")
+            if mm.shape != tuple(shape) or mm.dtype != self.dtype.as_numpy():
+                raise ValueError(f"next_memmap: '{path}' holds {mm.shape} {mm.dtype}, the "
+                                 f"variable needs {tuple(shape)} {self.dtype.as_numpy()}")
+            return mm
+        data = None if empty else self.next_data()
+        if popdist.getInstanceIndex() == 0:
+            os.makedirs(memmap_dir, exist_ok=True)
+            mm = np.lib.format.open_memmap(path, "w+", self.dtype.as_numpy(), tuple(shape))
+            if data is not None:
+                mm[...] = data
+            mm.flush()
+            del mm
+        if popdist.isPopdistEnvSet():
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Barrier()
+        return np.load(path, mmap_mode="r+")
 
     def _next_value(self, name: Optional[str], empty: bool, memmap_dir: Optional[str],
                     read_only_if_exists: bool):
