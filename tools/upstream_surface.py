@@ -389,9 +389,10 @@ def _checks_signature(entry: Entry) -> bool:
 
 def check_entry(entry: Entry) -> Result:
     """Does the entry resolve at its upstream path, and does its signature match?"""
-    if entry.kind == "attribute" or entry.kind == "property":
+    if entry.kind in ("attribute", "property") or "field" in entry.tags:
         # A property upstream may be a plain attribute here (and the reverse): callers read
-        # both the same way.
+        # both the same way. A dataclass field without a default is no class attribute
+        # (upstream's neither): it is on every instance.
         owner, cls = _resolve(entry.module, entry.attr_chain[:-1])
         present = isinstance(cls, type) and _instance_attribute_present(cls, entry.attr_chain[-1])
         return Result(entry, present)
