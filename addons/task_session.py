@@ -164,8 +164,13 @@ class TaskSession(popxl.Session):
         and delete the oldest checkpoint beyond `max_checkpoints`."""
         checkpoint_dir = _check_local(checkpoint_dir, "save_checkpoint")
         named = self.get_named_tensors_data().to_dict()      # every instance: collective
-        if not _instance0():
-            return
+        if _instance0():
+            self._write_checkpoint(checkpoint_dir, named)
+        # popxl-dist: every instance returns once the checkpoint is whole, so any of them may
+        # load it next (upstream returns at once on the instances that do not write).
+        popdist.barrier()
+
+    def _write_checkpoint(self, checkpoint_dir: str, named: Dict[str, np.ndarray]) -> None:
         model_dir = os.path.join(checkpoint_dir, "model")
         os.makedirs(model_dir, exist_ok=True)
         state = self.state.to_dict()
@@ -279,7 +284,4 @@ def initialise_memmap_dir_from_checkpoint(checkpoint_dir: str, memmap_dir: str) 
             elif ext == ".npz":
                 with np.load(src) as f:
                     np.ascontiguousarray(f[key]).tofile(dst)
-    if popdist.isPopdistEnvSet():
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Barrier()
+    popdist.barrier()
