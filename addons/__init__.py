@@ -5,13 +5,21 @@ Import as `import popxl_addons as addons`. Unlike upstream, importing does not n
 cppimport, mpi4py or popdist; `GIT_COMMIT` is read from `.git` directly (or None).
 """
 
+from popxl import Ir, ReplicaGrouping, Tensor
+from popxl.context import get_current_context
+from popxl.tensor import HostTensor
+from popxl.transforms import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
+
 from . import debugging, ops, performance_utils, remote, rts, transforms
 from .array_munging import *  # noqa: F401,F403
 from .array_munging import __all__ as _am_all
 from .dot_tree import DotTree, sanitise, to_mapping
 from .graph import BoundGraph, GraphWithNamedArgs
-from .graph_cache import GraphCache, function
-from .module import Module, create_grad_graph_info
+from .graph_cache import (GraphCache, argument_hash, bound_arguments, function,
+                          get_function_hash, tensor_hash)
+from .graph_common import (CalledGraphsGradInfo, CalledGraphsGradInfoLike, GradGraphInfoLike,
+                           GraphLike)
+from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_replica_grouping import NamedReplicaGrouping
 from .named_tensors import NamedTensorData, NamedTensors
 from .ops import cross_entropy, cross_entropy_with_grad, fp8_amax_scale, host_load, host_store
@@ -31,6 +39,7 @@ from .streams import InputStreams, OutputStreams
 from .task_session import TaskSession, initialise_memmap_dir_from_checkpoint, write_variables_pb
 from .transforms import (
     RemoteHandle,
+    add_recompute_inputs,
     autodiff,
     autodiff_with_accumulation,
     batch_serial_buffer,
@@ -44,7 +53,8 @@ from .transforms import (
     set_graph_available_memory_proportion_by_ipu,
     remap_grad_info,
 )
-from .utils import OrderedDict, WeightsDict, timer  # noqa: F811
+from .utils import (OrderedDict, WeightsDict, duplicate_items, overrides,  # noqa: F811
+                    suffix_graph_name, timer)
 from .variable_factory import (
     NamedVariableFactories,
     VariableFactory,
@@ -104,5 +114,11 @@ __all__ = [
     "set_graph_available_memory_proportion_by_ipu", "seed_variable", "print_tensor", "print_text",
     "evaluate_FLOPs", "evaluate_ir_FLOPs", "total_FLOPs", "print_FLOPs", "format_flops_scientific",
     "debugging", "performance_utils",
+    "NameScopeMeta", "add_recompute_inputs", "argument_hash", "bound_arguments",
+    "get_function_hash", "tensor_hash",
+    # names upstream's `import *` chain leaks into the package namespace
+    "Ir", "ReplicaGrouping", "Tensor", "HostTensor", "get_current_context", "ExpectedConnection",
+    "ExpectedConnectionType", "GradGraphInfo", "CalledGraphsGradInfo", "CalledGraphsGradInfoLike",
+    "GradGraphInfoLike", "GraphLike", "duplicate_items", "overrides", "suffix_graph_name",
     *_am_all,
 ]

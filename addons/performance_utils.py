@@ -129,6 +129,6 @@ def print_FLOPs(flops_breakdown: Dict, mode: str = "type",
                      for i, f in per_op.items()]
     rows.append(["TOT", format_flops_scientific(flops_breakdown.get("TOT", 0),
                                                 numerical_format)])
-    text = table_to_string(rows, ["Op" if mode == "op" else "Op type", "FLOPs"])
+    text = table_to_string([["Op" if mode == "op" else "Op type", "FLOPs"], *rows])
     print(text)
     return text

@@ -7,7 +7,8 @@ import popxl
 from popxl._ir import surgery
 from popxl._ir.records import GraphData, Op
 
-__all__ = ["is_subgraph", "called_graph_paths", "route_tensor_into_graph"]
+__all__ = ["is_subgraph", "called_graph_paths", "connect_call_op", "connect_loop_op",
+           "connect_tensor_to_ops_on_path", "route_tensor_into_graph"]
 
 
 def _callees(graphs: Dict[str, GraphData], gid: str) -> List[Tuple[Op, str]]:
@@ -42,6 +43,80 @@ def called_graph_paths(parent_graph: popxl.Graph, subgraph: popxl.Graph) -> List
 
     walk(parent_graph.id, [], frozenset({parent_graph.id}))
     return paths
+
+
+def _record(op) -> Op:
+    """The op record of `op` (a record, or an `_ir.Op` view from `_pb_graph.getOps()`)."""
+    rec = getattr(op, "_op", op)
+    if not isinstance(rec, Op):
+        raise TypeError(f"expected an op (a called_graph_paths element), got {op!r}")
+    return rec
+
+
+def _connect(op, tensor: popxl.Tensor, input_tensors: Dict[str, popxl.Tensor],
+             modified: bool, kind: str, what: str) -> popxl.Tensor:
+    rec = _record(op)
+    if rec.type != kind:
+        raise TypeError(f"{what}: expected a {kind} op, got {rec.describe()}")
+    if not isinstance(tensor, popxl.Tensor):
+        raise TypeError(f"{what}: 'tensor' must be a popxl.Tensor, got {type(tensor).__name__}")
+    ir = tensor.ir
+    graphs = ir._data.graphs
+    if rec not in tensor._graph._data.ops:
+        raise ValueError(f"{what}: {rec.describe()} is not in the graph of tensor '{tensor.id}' "
+                         f"('{tensor._graph.id}')")
+    gid = rec.called[0]
+    callee = ir._graph(gid)
+    offset = 2 if kind == "Loop" else 0
+    sub = input_tensors.get(gid)
+    if sub is None:
+        sub = callee._tensor(surgery.add_input(callee, tensor._info,
+                                               surgery.tensor_name(tensor._graph._data,
+                                                                   tensor.id),
+                                               by_ref=modified))
+        input_tensors[gid] = sub
+    i = callee._data.inputs.index(sub.id) - offset
+    if not (i < len(rec.inputs) and rec.inputs[i] == tensor.id):    # not passed here yet
+        surgery.connect_input(graphs, rec, tensor.id, sub.id, modified)
+    return sub
+
+
+def connect_call_op(op, tensor: popxl.Tensor, input_tensors: Dict[str, popxl.Tensor],
+                    modified: bool) -> popxl.Tensor:
+    """Pass `tensor` (of the graph holding call op `op`) into the graph `op` calls.
+
+    The callee gains an input for it unless `input_tensors` ({graph id: routed tensor}, updated
+    here) already has one; `op` then feeds `tensor` to that input (by reference with
+    `modified`, so in-place updates in the callee reach `tensor`). Other call sites of the
+    callee are not changed: pass the tensor there too. Returns the callee's tensor.
+    """
+    return _connect(op, tensor, input_tensors, modified, "Call", "connect_call_op")
+
+
+def connect_loop_op(op, tensor: popxl.Tensor, input_tensors: Dict[str, popxl.Tensor],
+                    modified: bool) -> popxl.Tensor:
+    """`connect_call_op` for a loop (`ops.repeat`) op: the body gains an input that every
+    iteration reads (not loop-carried)."""
+    return _connect(op, tensor, input_tensors, modified, "Loop", "connect_loop_op")
+
+
+def connect_tensor_to_ops_on_path(path: List[Op], from_tensor: popxl.Tensor,
+                                  input_tensors: Dict[str, popxl.Tensor],
+                                  modified: bool) -> popxl.Tensor:
+    """Route `from_tensor` down `path` (a `called_graph_paths` element: call / loop ops, the
+    first in `from_tensor`'s graph, each in the graph the previous one calls). Returns the
+    tensor of the last op's callee."""
+    t = from_tensor
+    for op in path:
+        rec = _record(op)
+        if rec.type == "Call":
+            t = connect_call_op(rec, t, input_tensors, modified)
+        elif rec.type == "Loop":
+            t = connect_loop_op(rec, t, input_tensors, modified)
+        else:
+            raise NotImplementedError(f"connect_tensor_to_ops_on_path: cannot route a tensor "
+                                      f"through {rec.describe()} (only call and loop ops)")
+    return t
 
 
 def route_tensor_into_graph(tensor: popxl.Tensor, graph: Optional[popxl.Graph] = None,

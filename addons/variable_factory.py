@@ -7,6 +7,7 @@ endless peekable generator and peeked once at construction (that second draw is 
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Iterable, Optional, Tuple, Union
 
@@ -23,12 +24,15 @@ from .named_tensors import NamedTensors
 from .utils import peekable, repeatfunc
 
 __all__ = ["VariableFactory", "NamedVariableFactories", "add_variable_input",
-           "add_replica_sharded_variable_input"]
+           "add_replica_sharded_variable_input", "host_scalar_tensor_types"]
+
+logger = logging.getLogger(__name__)
+# What a data source may yield (torch tensors are also accepted, recognised by their module).
+host_scalar_tensor_types = (float, int, bool, np.number, np.bool_, np.ndarray)
 
 
 def _is_host_data(x: Any) -> bool:
-    return (isinstance(x, (np.ndarray, int, float, bool, np.generic))
-            or type(x).__module__.startswith("torch"))
+    return isinstance(x, host_scalar_tensor_types) or type(x).__module__.startswith("torch")
 
 
 class VariableFactory:

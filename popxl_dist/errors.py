@@ -1,14 +1,20 @@
-"""Exceptions of the popxl API."""
+"""Exceptions of the popxl API.
 
-__all__ = ["UndefinedValue", "EngineError", "WorkerError", "WorkerDied", "InstanceFailed",
-           "CollectiveTimeout", "RunAborted"]
+Errors upstream raises from PopART (`popart.popart_exception`) are raised here as
+`popart_exception` or a subclass (`EngineError` and the worker errors), so `except
+popart.popart_exception` catches them as it does upstream; they are also `RuntimeError`s.
+"""
+from popart import popart_exception
+
+__all__ = ["UndefinedValue", "popart_exception", "EngineError", "WorkerError", "WorkerDied",
+           "InstanceFailed", "CollectiveTimeout", "RunAborted"]
 
 
 class UndefinedValue(ValueError):
     """A tensor attribute (such as its ipu) has no defined value."""
 
 
-class EngineError(RuntimeError):
+class EngineError(popart_exception):
     """An op failed while the emulator executed it; the message names the op and where it was built."""
 
 

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict, List, Optional, Set, Union
+import weakref
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Set, Union
+
+from popart import SessionOptions, VirtualGraphMode
 
 from ._ir.records import GraphData, IrData
 from .graph import Graph
@@ -21,14 +24,20 @@ class Ir:
             global count and `instance_replication_factor` this process's share.
     """
 
+    # Ir id -> Ir, for `Ir._from_pb`
+    _ir_cache: ClassVar["weakref.WeakValueDictionary[int, Ir]"] = weakref.WeakValueDictionary()
+
     def __init__(self, replication: Union[int, str] = 1):
         self._id = next(_IR_IDS)
         self._data = IrData(self._id)
         self._graphs: Dict[str, Graph] = {}
         self._prepared = False
-        self._session_options = None
+        self._session_options: Optional[SessionOptions] = None
         self._streams: Dict[str, Any] = {}
+        self._use_popdist = replication == "popdist"
+        # Set when a variable is backed by a read-only np.memmap (weights cannot go to host).
         self._has_read_only_memmap = False
+        Ir._ir_cache[self._id] = self
         if replication == "popdist":
             from .popdist_env import placement_from_popdist
 
@@ -102,6 +111,27 @@ class Ir:
         if not isinstance(r, int) or isinstance(r, bool) or r < 1:
             raise ValueError(f"replication_factor must be a positive int, got {r!r}")
         self._data.replication_factor = r
+        if self._session_options is not None:
+            self._set_replication_options(self._session_options)
+
+    def _set_replication_options(self, opts: SessionOptions) -> None:
+        if not self._use_popdist:
+            opts.replicatedGraphCount = self.replication_factor
+            opts.enableReplicatedGraphs = self.replication_factor > 1
+
+    def _session_opts(self) -> SessionOptions:
+        """The `popart.SessionOptions` of this Ir, with the options upstream's Ir sets."""
+        if self._session_options is None:
+            opts = SessionOptions()
+            opts.virtualGraphMode = VirtualGraphMode.Manual
+            for flag in ("useHostCopyOps", "aliasZeroCopy", "enableExplicitMainLoops",
+                         "explicitRecomputation", "enableInplaceAmbiguityChecking",
+                         "decomposeGradSum"):
+                setattr(opts, flag, True)
+            opts.enableVariablesCaching = False
+            self._set_replication_options(opts)
+            self._session_options = opts
+        return self._session_options
 
     @property
     def instance_replication_factor(self) -> int:
@@ -118,7 +148,7 @@ class Ir:
     def replica_grouping_from_assignments(self, assignment: List[int]):
         from .replica_grouping import ReplicaGrouping
 
-        return ReplicaGrouping._from_assignments(self, assignment)
+        return ReplicaGrouping._from_assignment(self, assignment)
 
     # --- streams -----------------------------------------------------------------------
     def _streams_used_by(self, op_type: str) -> Set:
@@ -145,8 +175,8 @@ class Ir:
     def id(self) -> int:
         return self._id
 
-    def __eq__(self, other: object) -> bool:
-        return other is self
+    def __eq__(self, value: object) -> bool:
+        return value is self
 
     def __hash__(self) -> int:
         return hash(self._id)
@@ -160,6 +190,20 @@ class Ir:
 
         return PbIr(self)
 
+    @classmethod
+    def _from_pb(cls, pb_ir) -> "Ir":
+        """The Ir of an `_pb_ir` view."""
+        ir = cls._ir_cache.get(pb_ir.getId())
+        if ir is None:
+            raise ValueError(f"Ir._from_pb: no live Ir with id {pb_ir.getId()}")
+        return ir
+
     @property
     def _graph_cache(self) -> Dict[str, Graph]:
+        """{graph id: Graph} of every graph of this Ir."""
         return {gid: self._graph(gid) for gid in self._data.graphs}
+
+    @property
+    def _tensor_cache(self) -> Dict[str, Any]:
+        """{tensor id: Tensor} of the tensors that already have popxl wrappers, all graphs."""
+        return {tid: t for g in self._graphs.values() for tid, t in g._wrappers.items()}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Dict, Iterable, Mapping, Optional, Set, Tuple
+from typing import Dict, Iterable, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 
@@ -11,11 +11,15 @@ from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, storage_numpy
 from .runtime import create_runtime
 from .streams import DeviceToHostStream, HostToDeviceStream
-from .tensor import Constant, Variable
+from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
 from .utils import _DOWNCAST, to_numpy
 
-__all__ = ["Session"]
+__all__ = ["Session", "d2hStreamBufferMaps", "h2dStreamBufferMaps", "StreamBufferMaps"]
+
+d2hStreamBufferMaps = Mapping[DeviceToHostStream, np.ndarray]
+h2dStreamBufferMaps = Mapping[HostToDeviceStream, HostScalarTensor]
+StreamBufferMaps = Union[h2dStreamBufferMaps, d2hStreamBufferMaps]
 
 _log = logging.getLogger("popxl")
 _DEVICES = ("ipu_hw", "ipu_model", "cpu")
@@ -31,6 +35,18 @@ def _announce(device: str, backend: str, replicas: int, workers: int) -> None:
         _log.info("popxl-dist: device '%s' is emulated on NumPy (backend %s, %d replica(s) on "
                   "%d worker(s))", device, backend, replicas, workers)
         _announced = True
+
+
+def _device_name(device) -> str:
+    """The device name of `device_desc` (a `popart.DeviceInfo` gives its type's name)."""
+    from popart import DeviceInfo
+
+    if isinstance(device, DeviceInfo):
+        device = device._desc
+    if not isinstance(device, str) or device not in _DEVICES:
+        raise ValueError(f"Session: device_desc must be one of {_DEVICES} or a popart.DeviceInfo, "
+                         f"got {device!r}")
+    return device
 
 
 def _initial_host_value(info, n_replicas: int) -> np.ndarray:
@@ -52,7 +68,7 @@ class Session:
 
     Args:
         ir: the program; it must not be modified afterwards.
-        device_desc: "ipu_hw", "ipu_model" or "cpu".
+        device_desc: "ipu_hw", "ipu_model", "cpu" or a `popart.DeviceInfo`.
         weights_to_host_on_exit: copy weights back to the host when leaving `with session:`.
 
     Example:
@@ -65,10 +81,9 @@ class Session:
 
         if not isinstance(ir, Ir):
             raise TypeError(f"Session: `ir` must be a popxl.Ir, got {type(ir).__name__}")
-        if not isinstance(device_desc, str) or device_desc not in _DEVICES:
-            raise ValueError(f"Session: device_desc must be one of {_DEVICES}, got "
-                             f"{device_desc!r}")
+        device_desc = _device_name(device_desc)
         self._ir = ir
+        self.ir_ = ir              # upstream keeps this public alias too
         self._device_desc = device_desc
         # As upstream: a read-only memmap variable cannot take weights back on exit.
         self.weights_to_host_on_exit = weights_to_host_on_exit and not ir._has_read_only_memmap
@@ -109,6 +124,19 @@ class Session:
     def device(self) -> str:
         return self._device_desc
 
+    @property
+    def _pb_session(self):
+        """Upstream's PopART session object: weight I/O by tensor id (see `_pb_shim`)."""
+        from ._pb_shim import PbSession
+
+        return PbSession(self)
+
+    def _set_device(self, device) -> None:
+        """Use another device (a name or `popart.DeviceInfo`: all are the emulator)."""
+        if self._attached:
+            raise RuntimeError("Session._set_device: detach the session first")
+        self._device_desc = _device_name(device)
+
     # --- attach / detach ---------------------------------------------------------------
     def __enter__(self) -> "Session":
         was = self._attached
@@ -118,7 +146,7 @@ class Session:
             self.weights_from_host()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type, exc_value, exc_tb) -> None:
         was = self._depth_attached.pop()
         if not was and self._attached:
             try:
@@ -213,10 +241,8 @@ class Session:
         self._require_attached()
         inputs = inputs or {}
         outputs = outputs or {}
-        if inputs.keys() != self._expected:
-            self._stream_key_error("input", set(inputs), self._expected)
-        if outputs.keys() != set(self._d2h):
-            self._stream_key_error("output", set(outputs), set(self._d2h))
+        self._validate_run_inputs(inputs)
+        self._validate_run_outputs(outputs)
         in_arrays = [self._convert_input(s, inputs[s], downcast_inputs) for s in self._h2d]
         out_arrays = []
         for s in self._d2h:
@@ -228,6 +254,20 @@ class Session:
             out_arrays.append(self._as_transfers(s, o, False))
         self._runtime.run(in_arrays, out_arrays)
         self._out_of_sync = True
+
+    def _expected_outputs(self) -> Set[DeviceToHostStream]:
+        """The d2h streams the program writes (every stream with a host_store)."""
+        return set(self._d2h)
+
+    def _validate_run_inputs(self, inputs: Mapping) -> None:
+        """Raise ValueError unless `inputs` has exactly the expected h2d streams."""
+        if inputs.keys() != self._expected:
+            self._stream_key_error("input", set(inputs), self._expected)
+
+    def _validate_run_outputs(self, outputs: Mapping) -> None:
+        """Raise ValueError unless `outputs` has exactly the program's d2h streams."""
+        if outputs.keys() != set(self._d2h):
+            self._stream_key_error("output", set(outputs), set(self._d2h))
 
     @staticmethod
     def _stream_key_error(kind: str, got: Set, want: Set) -> None:
@@ -286,10 +326,20 @@ class Session:
     def write_variable_data(self, tensor, data) -> None:
         self.write_variables_data({tensor: data})
 
-    def write_variables_data(self, tensor_data: Mapping) -> None:
+    def write_variables_data(self, tensors: Mapping) -> None:
         """Write host data into variables (and to the device when attached)."""
+        updates = self._write_host_weights(tensors)
+        if self._attached:
+            self._runtime.write_variables({t: self._host_weights[t] for t in updates})
+            if any(self._variables[t].extra.get("sharded") for t in updates):
+                # RTS shards on the device are loaded from their buffers by this fragment.
+                self._runtime.run_fragment("weights_from_host")
+
+    def _write_host_weights(self, tensors: Mapping) -> list:
+        """Check `{variable: data}` and store it in the host buffers (after syncing them from
+        the device if they are stale); returns the ids written."""
         updates = {}
-        for v, data in tensor_data.items():
+        for v, data in tensors.items():
             if not isinstance(v, Variable):
                 raise TypeError(f"write_variable_data: only Variables can be written, got {v!r}")
             if v.ir is not self._ir:
@@ -330,11 +380,7 @@ class Session:
                 buf[...] = arr
             else:
                 self._host_weights[tid] = arr.copy()
-        if self._attached:
-            self._runtime.write_variables({t: self._host_weights[t] for t in updates})
-            if any(self._variables[t].extra.get("sharded") for t in updates):
-                # RTS shards on the device are loaded from their buffers by this fragment.
-                self._runtime.run_fragment("weights_from_host")
+        return list(updates)
 
     def copy_weights_to(self, other: "Session", mapping: Mapping[Variable, Variable]) -> None:
         """popxl-dist extension (upstream has no such method): copy variables of this Session

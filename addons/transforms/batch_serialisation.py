@@ -43,7 +43,7 @@ class RemoteHandle:
         shard_group: replicas the stored values are sharded over (default: not sharded).
     """
 
-    buffer: popxl.RemoteBuffer = None
+    buffer: popxl.RemoteBuffer
     row_offset: RowOffset = 0
     shard_group: Optional[popxl.ReplicaGrouping] = None
 
@@ -61,9 +61,9 @@ class BatchSerialResult:
         stored_buffers: {original tensor: RemoteHandle it is stored to}.
     """
 
-    graph: GraphWithNamedArgs = None
-    stored_buffers: Dict[popxl.Tensor, RemoteHandle] = None
-    _remap_dict: Dict[popxl.Tensor, popxl.Tensor] = None
+    graph: GraphWithNamedArgs
+    stored_buffers: Dict[popxl.Tensor, RemoteHandle]
+    _remap_dict: Dict[popxl.Tensor, popxl.Tensor]
 
     def remap_tensors(self, ts: NamedTensors) -> NamedTensors:
         """`ts` (tensors of the original graph) as the matching inputs of the new graph; keys

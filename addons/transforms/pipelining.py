@@ -24,10 +24,11 @@ from popxl import ops
 from popxl._ir import surgery
 from popxl._ir.records import GraphData, Op, TensorKind
 
+from ..graph import BoundGraph
 from ..module import Module
 
 __all__ = ["pipelined_execution", "StageContext", "Stash", "Restore", "Pipelining",
-           "get_op_pipeline_stage"]
+           "PipelineBoundGraph", "get_op_pipeline_stage"]
 
 OpId = int
 
@@ -65,9 +66,8 @@ class StageContext:
         ops: {op id: stage} of every op created in the pipelined region.
     """
 
-    def __init__(self, graph: Optional[popxl.Graph] = None):
+    def __init__(self):
         self.ops: Dict[OpId, int] = {}
-        self._graph = graph
         self._stage: Optional[int] = None
         self._stashes = 0
 
@@ -163,7 +163,7 @@ def pipelined_execution(steps: int) -> Iterator[StageContext]:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"pipelined_execution: steps must be a positive int, got {steps!r}")
     graph = popxl.gcg()
-    context = StageContext(graph)
+    context = StageContext()
     handle = graph.register_op_created_hook(context.hook)
     try:
         yield context
@@ -172,34 +172,103 @@ def pipelined_execution(steps: int) -> Iterator[StageContext]:
     Pipelining(graph, steps).apply(context.ops)
 
 
-class _StageGraph:
-    """A graph made of some of the pipelined ops: which original tensors (keys) it reads and
-    which it provides."""
+class PipelineBoundGraph(BoundGraph):
+    """A graph made of some of the pipelined ops (a stage's loads, compute or stores, or the
+    IPU copies), bound to the tensors that feed it at each call.
 
-    def __init__(self, graph: popxl.Graph):
-        self.graph = graph
+    Its tensors stand for tensors of the original graph, by original id ("key"; a snapshot of
+    a tensor written in place has the key `<id>@<op id>`): `input_keys` are what its inputs
+    stand for, `output_keys` (`original_output_ids`) what its outputs stand for.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.input_keys: List[str] = []
         self.output_keys: List[str] = []
-        self.tmap: Dict[str, str] = {}
+        self.tmap: Dict[str, str] = {}      # key -> tensor id in this graph
+        self._in_map: Dict[str, str] = {}   # key -> input id, for graphs of `inputs_only` ops
+        self._input_ids: Dict[str, str] = {}    # key -> the input standing for it
+        self._inputs_only = False
+
+    def call(self, *args, inputs_dict: Optional[Dict] = None) -> Tuple[popxl.Tensor, ...]:
+        """Call the graph with the bound inputs (`inputs_dict` overrides them)."""
+        return ops.call(self.graph, *args, inputs_dict={**self.args, **(inputs_dict or {})})
+
+    @property
+    def original_output_ids(self) -> List[str]:
+        """The keys its outputs stand for, in output order."""
+        return list(self.output_keys)
+
+    def add_variable_input(self, tensor: popxl.Tensor) -> popxl.Tensor:
+        """A by-reference input standing for `tensor`, a tensor from outside the pipeline
+        (a variable, or any tensor the pipelined graph had before), bound to it."""
+        if tensor.id in self.tmap:
+            return self.graph._tensor(self.tmap[tensor.id])
+        gd = tensor._graph._data
+        sub = surgery.add_input(self.graph, tensor._info, surgery.tensor_name(gd, tensor.id),
+                                by_ref=True)
+        self.tmap[tensor.id] = sub
+        self._input_ids[tensor.id] = sub
+        self.input_keys.append(tensor.id)
+        self.args[self.graph._tensor(sub)] = tensor
+        return self.graph._tensor(sub)
+
+    def add_output_tensor(self, tensor: popxl.Tensor, original_id: str) -> None:
+        """Make `tensor` (of this graph) stand for `original_id`, as a candidate output."""
+        self.tmap[original_id] = tensor.id
+        self.output_keys.append(original_id)
+
+    def reconnect_input(self, original_id: str, new: popxl.Tensor) -> None:
+        """Feed the input standing for `original_id` with `new` at the next calls."""
+        tid = self._input_ids.get(original_id)
+        if tid is None:
+            raise KeyError(f"reconnect_input: graph '{self.graph.id}' has no input for "
+                           f"'{original_id}'")
+        self.args[self.graph._tensor(tid)] = new
+
+    def __contains__(self, value) -> bool:
+        """Whether this graph has a tensor standing for `value` (an original tensor or id)."""
+        key = value.id if isinstance(value, popxl.Tensor) else value
+        return key in self.tmap or key in self._input_ids
 
 
 class Pipelining:
-    """Turns the stage-tagged ops of `graph` into a pipeline (see the module docstring)."""
+    """Turns the stage-tagged ops of `graph` into a pipeline (see the module docstring).
+
+    Attributes:
+        stages / loads / stores: {stage: PipelineBoundGraph} of its compute, host load and
+            host store ops; `ipu_copies` the graph of all IPU copies (or None).
+        external_inputs: ids of the tensors from outside the pipeline that it reads.
+        original_tid_to_graph / original_tid_to_cloned_tensor: for each tensor the pipelined
+            ops made, the graph that makes it now and its tensor there.
+        ipu_copy_dummy_inputs: {key: zeros} standing for values no cycle has made yet in the
+            ramp-up (what the IPU copies and later stages read before their stage has run).
+    """
 
     def __init__(self, graph: popxl.Graph, steps: int):
         self.ir = graph.ir
         self.graph = graph
         self.original_graph = graph
         self.steps = steps
-        self.stages: Dict[int, _StageGraph] = {}
-        self.loads: Dict[int, _StageGraph] = {}
-        self.stores: Dict[int, _StageGraph] = {}
-        self.ipu_copies: Optional[_StageGraph] = None
+        self.original_tid_to_cloned_tensor: Dict[str, popxl.Tensor] = {}
+        self.original_tid_to_graph: Dict[str, PipelineBoundGraph] = {}
         self.external_inputs: List[str] = []
+        self.stages: Dict[int, PipelineBoundGraph] = {}
+        self.loads: Dict[int, PipelineBoundGraph] = {}
+        self.stores: Dict[int, PipelineBoundGraph] = {}
+        self.ipu_copies: Optional[PipelineBoundGraph] = None
+        self.ipu_copy_dummy_inputs: Dict[str, popxl.Tensor] = {}
+        self._values: Dict[str, popxl.Tensor] = {}   # key -> its latest value while building
+        self._users: Optional[Dict[str, List[Op]]] = None
 
     # --- analysis ------------------------------------------------------------------------
-    def apply(self, include_ops: Dict[OpId, int]) -> None:
-        """Move the ops with ids in `include_ops` (op id -> stage) into the pipeline."""
+    def apply(self, include_ops: Optional[Dict[OpId, int]] = None) -> None:
+        """Move the ops with ids in `include_ops` ({op id: stage}, what `StageContext.ops`
+        records) into the pipeline."""
+        if include_ops is None:
+            raise NotImplementedError(
+                "Pipelining.apply: pass include_ops, the {op id: stage} map StageContext.ops "
+                "records (the emulator's ops carry no pipeline stage of their own)")
         gd = self.graph._data
         tagged = [op for op in gd.ops if op.id in include_ops]
         if not tagged:
@@ -216,13 +285,13 @@ class Pipelining:
         with self.graph:
             ops.call(pipeline, *[self.graph._tensor(t) for t in self.external_inputs])
 
-    def required_for_host_load(self, op: Op, users: Optional[Dict[str, List[Op]]] = None
-                               ) -> bool:
+    def required_for_host_load(self, op: Op) -> bool:
         """Whether `op` only makes the buffer host loads of its own stage fill (an Init)."""
         if op.type != "Init" or not op.outputs:
             return False
-        users = users if users is not None else surgery.consumers(self.graph._data)
-        readers = users.get(op.outputs[0], [])
+        if self._users is None:
+            self._users = surgery.consumers(self.graph._data)
+        readers = self._users.get(op.outputs[0], [])
         return bool(readers) and all(u.type == "HostLoad" and self.stage_of.get(u.id) ==
                                      self.stage_of.get(op.id) for u in readers)
 
@@ -230,7 +299,7 @@ class Pipelining:
         """Kinds of ops (load / compute / store / copy), the stage where each tensor is usable,
         and the checks that values only cross stages through copies and stashes."""
         produced = {t: op for op in tagged for t in op.outputs}
-        users = surgery.consumers(gd)
+        self._users = surgery.consumers(gd)
         outputs = set(gd.outputs)
         self.kind: Dict[int, str] = {}
         self.copy_source_stage: Dict[int, int] = {}
@@ -244,7 +313,7 @@ class Pipelining:
                 self.usable_in[op.outputs[0]] = src + 1
             else:
                 kind = {"HostLoad": "load", "HostStore": "store"}.get(op.type, "compute")
-                if self.required_for_host_load(op, users):
+                if self.required_for_host_load(op):
                     kind = "load"
                 self.usable_in.update({t: s for t in op.outputs})
             self.kind[op.id] = kind
@@ -278,9 +347,10 @@ class Pipelining:
         self.produced = produced
 
     # --- graphs --------------------------------------------------------------------------
-    def construct_graphs(self, tagged: List[Op]) -> None:
+    def construct_graphs(self, include_ops: List[Op]) -> None:
         """Per stage a load, compute and store graph (when the stage has such ops) and one graph
-        of all IPU copies."""
+        of all IPU copies, from the pipelined ops `include_ops` (classified first)."""
+        tagged = include_ops
         gd = self.graph._data
         graphs = self.ir._data.graphs
         by_stage: Dict[int, List[Op]] = {}
@@ -328,17 +398,18 @@ class Pipelining:
             sg.output_keys = [k for k in sg.output_keys if k in needed]
             sg.graph._data.outputs = [sg.tmap[k] for k in sg.output_keys]
 
-    def _all_graphs(self) -> List[_StageGraph]:
+    def _all_graphs(self) -> List[PipelineBoundGraph]:
         gs = [*self.loads.values(), *self.stages.values(), *self.stores.values()]
         return gs + ([self.ipu_copies] if self.ipu_copies else [])
 
     def _graph_of(self, name: str, gd: GraphData, op_list: List[Op],
                   snapshots: List[Tuple[int, str, str]] = (),
-                  inputs_only: bool = False) -> _StageGraph:
+                  inputs_only: bool = False) -> PipelineBoundGraph:
         """A new graph holding copies of `op_list`; every tensor it makes is a candidate output
         (pruned to the ones other graphs read once all graphs exist). With `inputs_only` the
         ops read graph inputs only, never each other's outputs."""
-        sg = _StageGraph(self.ir.create_empty_graph(name))
+        sg = PipelineBoundGraph(self.ir.create_empty_graph(name))
+        sg._inputs_only = inputs_only
         snap_after: Dict[int, List[Tuple[str, str]]] = {}
         positions = {op.id: i for i, op in enumerate(gd.ops)}
         for op_id, t, key in snapshots:
@@ -346,33 +417,43 @@ class Pipelining:
             before = [c for c in op_list if positions[c.id] < positions[op_id]]
             snap_after.setdefault(before[-1].id if before else -1, []).append((t, key))
         self._snapshot(sg, gd, snap_after.get(-1, []))
-        in_map: Dict[str, str] = {}
         for op in op_list:
-            reads = {t: self.reads.get((op.id, t), t) for t in op.inputs}
-            source = in_map if inputs_only else sg.tmap
-            for t in op.inputs:
-                key = reads[t]
-                if key not in source:
-                    source[key] = self._input(sg, gd, t, key)
-            ins = {t: source[reads[t]] for t in op.inputs}
-            surgery.clone_op(sg.graph, gd, op, ins)
-            for t in op.outputs:
-                sg.tmap[t] = ins[t]
-                sg.output_keys.append(t)
+            self.move_op_into_graph(sg, op)
             self._snapshot(sg, gd, snap_after.get(op.id, []))
         return sg
 
-    def _snapshot(self, sg: _StageGraph, gd: GraphData, items: List[Tuple[str, str]]) -> None:
+    def move_op_into_graph(self, graph: PipelineBoundGraph, op: Op) -> Op:
+        """Append a copy of pipelined op `op` to `graph`, its inputs read from the tensors
+        standing for them there (new inputs where there are none yet); its outputs become
+        candidate outputs of `graph`. (`apply` removes the originals once every graph is
+        built.) Returns the copy."""
+        gd = self.graph._data
+        reads = {t: self.reads.get((op.id, t), t) for t in op.inputs}
+        source = graph._in_map if graph._inputs_only else graph.tmap
+        for t in op.inputs:
+            key = reads[t]
+            if key not in source:
+                source[key] = self._input(graph, gd, t, key)
+        ins = {t: source[reads[t]] for t in op.inputs}
+        copy = surgery.clone_op(graph.graph, gd, op, ins)
+        for t in op.outputs:
+            cloned = graph.graph._tensor(ins[t])
+            graph.add_output_tensor(cloned, t)
+            self.original_tid_to_cloned_tensor[t] = cloned
+            self.original_tid_to_graph[t] = graph
+        return copy
+
+    def _snapshot(self, sg: PipelineBoundGraph, gd: GraphData,
+                  items: List[Tuple[str, str]]) -> None:
         for t, key in items:
             if t not in sg.tmap:
                 sg.tmap[t] = self._input(sg, gd, t, t)
             with sg.graph:
                 copy = ops.identity(sg.graph._tensor(sg.tmap[t]), f"{surgery.tensor_name(gd, t)}"
                                                                   f"_snapshot")
-            sg.tmap[key] = copy.id
-            sg.output_keys.append(key)
+            sg.add_output_tensor(copy, key)
 
-    def _input(self, sg: _StageGraph, gd: GraphData, t: str, key: str) -> str:
+    def _input(self, sg: PipelineBoundGraph, gd: GraphData, t: str, key: str) -> str:
         """The tensor of `sg.graph` standing for original tensor `t`: a copied constant, or a
         new input (by reference for tensors from outside the pipeline)."""
         info = gd.tensors[t]
@@ -383,23 +464,26 @@ class Pipelining:
         if external and t not in self.external_inputs:
             self.external_inputs.append(t)
         sg.input_keys.append(key)
-        return surgery.add_input(sg.graph, info, name, by_ref=external)
+        tid = surgery.add_input(sg.graph, info, name, by_ref=external)
+        sg._input_ids[key] = tid
+        return tid
 
     # --- the pipeline program ------------------------------------------------------------
     def build(self) -> popxl.Graph:
         """The `pipeline_graph`: ramp-up, a repeat of the main cycle, ramp-down."""
         gd = self.graph._data
         pipeline = self.ir.create_empty_graph("pipeline_graph")
-        latest: Dict[str, popxl.Tensor] = {}
+        self._values = {}
         with pipeline:
             for t in self.external_inputs:
-                latest[t] = self._graph_input(gd.tensors[t], surgery.tensor_name(gd, t), True)
+                self._values[t] = self._graph_input(gd.tensors[t], surgery.tensor_name(gd, t),
+                                                    True)
             n = self.num_stages
             for i in range(n - 1):
-                self.cycle(0, i + 1, latest)
-            self.main_cycle(latest)
+                self.cycle(0, i + 1)
+            self.main_cycle()
             for i in range(n - 1):
-                self.cycle(i + 1, n, latest)
+                self.cycle(i + 1, n)
         return pipeline
 
     @staticmethod
@@ -410,65 +494,90 @@ class Pipelining:
     def _carried(self) -> List[str]:
         return list(self.ipu_copies.output_keys) if self.ipu_copies else []
 
-    def main_cycle(self, latest: Dict[str, popxl.Tensor]) -> None:
-        """`steps - (stages - 1)` cycles of every stage, as a repeat whose loop-carried values
-        are the tensors the IPU copies hand to the next cycle."""
+    def repeat_graph(self) -> popxl.Graph:
+        """The main cycle's graph: every stage once; its inputs are the values the IPU copies
+        carry from the previous cycle (which it returns, updated) and the external inputs."""
         gd = self.graph._data
         carried = self._carried()
         cycle = self.ir.create_empty_graph("pipeline_main_cycle")
-        inner: Dict[str, popxl.Tensor] = {}
-        with cycle:
-            for k in carried:
-                inner[k] = self._graph_input(self._info(k), f"{k}_carried")
-            for t in self.external_inputs:
-                inner[t] = self._graph_input(gd.tensors[t], surgery.tensor_name(gd, t), True)
-            self.cycle(0, self.num_stages, inner)
-            for k in carried:
-                popxl.graph_output(inner[k])
-        initial = [self._latest(latest, k) for k in carried]
+        outer, self._values = self._values, {}
+        try:
+            with cycle:
+                for k in carried:
+                    self._values[k] = self._graph_input(self._info(k), f"{k}_carried")
+                for t in self.external_inputs:
+                    self._values[t] = self._graph_input(gd.tensors[t], surgery.tensor_name(gd, t),
+                                                        True)
+                self.cycle(0, self.num_stages)
+                for k in carried:
+                    popxl.graph_output(self._values[k])
+        finally:
+            self._values = outer
+        return cycle
+
+    def main_cycle(self) -> None:
+        """`steps - (stages - 1)` cycles of every stage, as a repeat whose loop-carried values
+        are the tensors the IPU copies hand to the next cycle."""
+        carried = self._carried()
+        cycle = self.repeat_graph()
+        initial = [self._latest(k) for k in carried]
         outs = ops.repeat(cycle, self.steps - (self.num_stages - 1), *initial,
-                          inputs_dict={cycle.inputs[len(carried) + i]: latest[t]
+                          inputs_dict={cycle.inputs[len(carried) + i]: self._values[t]
                                        for i, t in enumerate(self.external_inputs)})
-        latest.update(zip(carried, outs))
+        self.remap_tensors(carried, outs)
+
+    def remap_tensors(self, original_ids: List[str], new_outputs) -> None:
+        """From here on, the tensors standing for `original_ids` are `new_outputs`."""
+        self._values.update(zip(original_ids, new_outputs))
+
+    def move_copied_tensor_out_of_nested_repeat_graph(self, op_in_index, original, repeat_op):
+        """Not used here: the values the IPU copies carry leave the main cycle's repeat as its
+        loop-carried outputs (`main_cycle`), so nothing needs moving out of it."""
+        raise NotImplementedError(
+            "Pipelining.move_copied_tensor_out_of_nested_repeat_graph: this pipeline carries the "
+            "IPU-copied values out of the main cycle as loop-carried outputs (see main_cycle); "
+            "there is no nested repeat graph to move them out of")
 
     def _info(self, key: str):
         """The TensorInfo of an original tensor or snapshot key."""
         return self.graph._data.tensors[key.split("@")[0]]
 
-    def _latest(self, latest: Dict[str, popxl.Tensor], key: str) -> popxl.Tensor:
+    def _latest(self, key: str) -> popxl.Tensor:
         """The current value of `key`, or zeros if no cycle has made it yet (ramp-up)."""
-        t = latest.get(key)
+        t = self._values.get(key)
         if t is None:
             info = self._info(key)
             t = ops.init(info.shape, info.dtype, "pipeline_ramp_up", "zero",
                          meta_shape=info.meta_shape or None)
-            latest[key] = t
+            self._values[key] = t
+            self.ipu_copy_dummy_inputs[key] = t
         return t
 
-    def _call(self, sg: Optional[_StageGraph], latest: Dict[str, popxl.Tensor]) -> None:
+    def _call(self, sg: Optional[PipelineBoundGraph]) -> None:
         if sg is None:
             return
-        outs = ops.call(sg.graph, *[self._latest(latest, k) for k in sg.input_keys])
-        latest.update(zip(sg.output_keys, outs))
+        for k in sg.input_keys:
+            sg.reconnect_input(k, self._latest(k))
+        self.remap_tensors(sg.output_keys, sg.call())
 
-    def cycle(self, start: int, end: int, latest: Dict[str, popxl.Tensor]) -> None:
+    def cycle(self, start: int, end: int) -> None:
         """One pipeline cycle of stages [start, end): loads, compute, stores, then the copies."""
-        self.load(start, end, latest)
-        self.compute(start, end, latest)
-        self.store(start, end, latest)
-        self.copy(latest)
+        self.load(start, end)
+        self.compute(start, end)
+        self.store(start, end)
+        self.copy()
 
-    def load(self, start: int, end: int, latest: Dict[str, popxl.Tensor]) -> None:
+    def load(self, start: int, end: int) -> None:
         for s in range(start, end):
-            self._call(self.loads.get(s), latest)
+            self._call(self.loads.get(s))
 
-    def compute(self, start: int, end: int, latest: Dict[str, popxl.Tensor]) -> None:
+    def compute(self, start: int, end: int) -> None:
         for s in range(start, end):
-            self._call(self.stages.get(s), latest)
+            self._call(self.stages.get(s))
 
-    def store(self, start: int, end: int, latest: Dict[str, popxl.Tensor]) -> None:
+    def store(self, start: int, end: int) -> None:
         for s in range(start, end):
-            self._call(self.stores.get(s), latest)
+            self._call(self.stores.get(s))
 
-    def copy(self, latest: Dict[str, popxl.Tensor]) -> None:
-        self._call(self.ipu_copies, latest)
+    def copy(self) -> None:
+        self._call(self.ipu_copies)

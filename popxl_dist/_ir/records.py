@@ -109,7 +109,7 @@ class GraphData:
     """Ops in creation order (a valid schedule), tensors by id, inputs and outputs in order."""
 
     __slots__ = ("id", "ops", "tensors", "inputs", "outputs", "by_ref_inputs", "producer",
-                 "no_recursive_autodiff")
+                 "no_recursive_autodiff", "topo_cons")
 
     def __init__(self, id: str):
         self.id = id
@@ -120,6 +120,9 @@ class GraphData:
         self.by_ref_inputs: set = set()
         self.producer: Dict[str, Op] = {}
         self.no_recursive_autodiff = False
+        # (before op id, after op id, tied): recorded scheduling constraints (`in_sequence`,
+        # `_pb_graph.topoCons()`); creation order, which the engine runs, satisfies them.
+        self.topo_cons: List[Tuple[int, int, bool]] = []
 
     def add_op(self, op: Op) -> None:
         self.ops.append(op)

@@ -23,7 +23,7 @@ class ReplicaContext:
     """One replica's device memory and its host-stream cursors for the current run."""
 
     __slots__ = ("replica", "state", "in_chunks", "in_count", "out_chunks", "out_count",
-                 "remote")
+                 "remote", "prints")
 
     def __init__(self, replica: int, n_state: int, n_in: int, n_out: int):
         self.replica = replica
@@ -33,6 +33,7 @@ class ReplicaContext:
         self.out_chunks: List[Sequence[np.ndarray]] = [()] * n_out
         self.out_count = [0] * n_out
         self.remote: Dict[int, np.ndarray] = {}
+        self.prints: List[str] = []       # PrintTensor output of the current run
 
     def next_input(self, slot: int) -> np.ndarray:
         k = self.in_count[slot]
@@ -120,7 +121,7 @@ class Worker:
                 else:
                     src = host[rg.group_of(ctx.replica)] if groups > 1 else host
                 if remote is not None:
-                    entry = ctx.remote[remote[0]][remote[1]]
+                    entry = ctx.remote[remote[0]][remote[1], ...]
                     if info.extra.get("sharded"):
                         entry[...] = shard_of(src, info, ctx.replica, entry.shape[0])
                     else:
@@ -138,7 +139,7 @@ class Worker:
         info = self.ir.main.tensors[tid]
         remote = info.extra.get("remote")
         if remote is not None:
-            return ctx.remote[remote[0]][remote[1]]
+            return ctx.remote[remote[0]][remote[1], ...]
         return ctx.state[self.program.state_index[tid]]
 
     def read_replicas(self, wanted: Dict[str, Sequence[int]]) -> Dict[str, Dict[int, np.ndarray]]:
@@ -183,6 +184,14 @@ class Worker:
                 rts += arr.nbytes
         return {"replica": ctx.replica, "variables": on_chip, "rts_shards": rts,
                 "remote_buffers": sum(a.nbytes for a in ctx.remote.values())}
+
+    def take_prints(self) -> List[str]:
+        """The PrintTensor lines of the last run, replica by replica (and clears them)."""
+        out: List[str] = []
+        for ctx in self.ctxs:
+            out.extend(ctx.prints)
+            ctx.prints.clear()
+        return out
 
     def run_fragment(self, which: str) -> None:
         cg = getattr(self.program, which)

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import dtypes
 from .._ir.records import Op, TensorInfo, TensorKind
+from .._pb_shim import op_view
 from ..context import get_current_context, gcg
 from ..graph import Graph
 from ..tensor import Tensor, constant
@@ -64,9 +65,9 @@ def check_float_tensors(opname: str, floats: Sequence[dtypes.dtype], **tensors: 
 def check_in_graph(g: Graph, t: Tensor, opname: str) -> None:
     if t._graph is not g:
         raise ValueError(
-            f"{opname}: the input tensor '{t.id}' is not in the current Graph '{g.id}'. Tensors "
-            f"of another graph must be passed in as graph inputs (popxl.graph_input or a "
-            f"create_graph argument)")
+            f"The input tensor `{t.id}` is not in the current Graph '{g.id}' ({opname}). "
+            f"Tensors of another graph must be passed in as graph inputs (popxl.graph_input or "
+            f"a create_graph argument)")
     if g._data.tensors.get(t.id) is not t._info:
         raise ValueError(
             f"{opname}: tensor '{t.id}' no longer exists in graph '{g.id}': a transform (such "
@@ -163,7 +164,7 @@ def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: 
             tuple(t.id for t in inputs), tuple(out_ids), attrs or {}, tuple(called),
             ctx.ipu_id, ctx.tile_set, ctx.execution_context, debug_location())
     gd.add_op(op)
-    g._op_created(op)
+    ctx._op_created(op_view(g, op))
     return [g._tensor(t) for t in out_ids]
 
 

@@ -1,13 +1,37 @@
 """The interface a Session drives; each backend implements it."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import sys
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .._ir.records import IrData, TensorKind
 
-__all__ = ["Runtime", "to_host_layout", "needed_replicas", "host_value"]
+__all__ = ["Runtime", "to_host_layout", "needed_replicas", "host_value", "Printed",
+           "emit_prints"]
+
+
+class Printed(NamedTuple):
+    """A worker's reply to a run that printed (`ops.print_tensor`): its result and the lines."""
+
+    result: Any
+    lines: List[str]
+
+
+def emit_prints(lines: Sequence[str]) -> None:
+    """Write PrintTensor output in the host process, to stderr (as upstream's Poplar stream)."""
+    if lines:
+        sys.stderr.write("".join(lines))
+        sys.stderr.flush()
+
+
+def unwrap_printed(reply: Any) -> Any:
+    """A worker reply without its print lines (which are written to stderr here)."""
+    if isinstance(reply, Printed):
+        emit_prints(reply.lines)
+        return reply.result
+    return reply
 
 
 def _members(ir: IrData, rg, r: int) -> List[int]:

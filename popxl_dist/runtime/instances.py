@@ -20,7 +20,7 @@ import numpy as np
 from .._ir.records import IrData
 from ..engine.comm import Communicator, Layout
 from ..engine.executor import Worker
-from .base import Runtime, host_value, needed_replicas
+from .base import Runtime, emit_prints, host_value, needed_replicas
 from .instance_group import instance_group
 
 __all__ = ["InstanceRuntime", "program_signature"]
@@ -87,12 +87,18 @@ class InstanceRuntime(Runtime):
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         self.group.next_run()
-        self.worker.run(inputs, outputs)
+        try:
+            self.worker.run(inputs, outputs)
+        finally:                      # this instance's replicas' print_tensor lines
+            emit_prints(self.worker.take_prints())
 
     def run_fragment(self, which: str) -> None:
         if getattr(self.worker.program, which).has_collectives:
             self.group.next_run()     # (a fragment without collectives is this instance's own)
-        self.worker.run_fragment(which)
+        try:
+            self.worker.run_fragment(which)
+        finally:
+            emit_prints(self.worker.take_prints())
 
     def read_variables(self, tids: Sequence[str]) -> Dict[str, np.ndarray]:
         lo, hi = self.layout.blocks[self.placement.index]

@@ -12,7 +12,7 @@ from .._ir.records import IrData
 from ..engine.comm import Layout
 from ..engine.compile import stream_slots
 from ..errors import WorkerDied
-from .base import Runtime, host_value, needed_replicas
+from .base import Runtime, host_value, needed_replicas, unwrap_printed
 
 __all__ = ["WorkerPool", "PoolRuntime"]
 
@@ -74,13 +74,14 @@ class PoolRuntime(Runtime):
             ins = [a[:, lo:hi] for a in inputs]
             specs = [((o.shape[0], hi - lo) + o.shape[2:], o.dtype) for o in outputs]
             payloads.append((ins, specs))
-        results = self._call("run", payloads)
+        results = [unwrap_printed(r) for r in self._call("run", payloads)]
         for (lo, hi), res in zip(self.layout.blocks, results):
             for o, r in zip(outputs, res):
                 o[:, lo:hi] = r
 
     def run_fragment(self, which: str) -> None:
-        self._call("run_fragment", [which] * self.num_workers)
+        for reply in self._call("run_fragment", [which] * self.num_workers):
+            unwrap_printed(reply)
 
     def read_variables(self, tids: Sequence[str]) -> Dict[str, np.ndarray]:
         wanted = {t: needed_replicas(self.ir, t) for t in tids}

@@ -27,7 +27,7 @@ def test_print_only_at_or_above_model_log_level(monkeypatch, capfd, env_level, p
     assert (y.id.startswith("print")) == printed and warn is not x
     with popxl.Session(ir, "ipu_hw") as sess:
         np.testing.assert_array_equal(sess.run()[s], [2.0, 4.0])
-    out = capfd.readouterr().out
+    out = capfd.readouterr().err             # PrintTensor output goes to stderr, as upstream
     assert ("doubled: [2. 4.]" in out) == printed
     assert ("reached the end: 7" in out) == printed
     assert "always: [1. 2.]" in out

@@ -2,8 +2,9 @@
 (or under `popxl-run --backend B --workers 2`).
 
 Scenarios (each prints `ok <scenario> <seconds>` or `FAIL <scenario>: <details>`):
-  error     replica 1 raises inside a kernel (gather out of range): the host gets an exception
-            naming replica 1 and the Gather op; a later run of a fresh session works.
+  error     replica 1 raises inside a kernel (a remote-buffer offset out of range): the host gets
+            an exception naming replica 1 and the RemoteStore op; a later run of a fresh
+            session works.
   diverge   a conditional runs an all-reduce on replica 0 only: the host gets an exception saying
             the replicas diverged, instead of a hang.
   crash     the process of worker 1 is killed during a session (mpi / ray only): the host gets
@@ -27,12 +28,18 @@ from popxl.errors import EngineError, WorkerDied
 R = 2
 
 
-def _gather_program():
+def _offset_program():
+    """x is stored to and loaded back from entry `i` (streamed per replica) of a 4-entry remote
+    buffer, then all-reduced."""
     ir = popxl.Ir(replication=R)
     with ir.main_graph:
         xs = popxl.h2d_stream((3,), popxl.float32, "x")
         ix = popxl.h2d_stream((1,), popxl.int32, "i")
-        x = ops.gather(ops.host_load(xs, "x"), ops.host_load(ix, "i"))
+        buf = popxl.remote_buffer((3,), popxl.float32, 4)
+        offset = ops.host_load(ix, "i")
+        with popxl.in_sequence():
+            ops.remote_store(buf, offset, ops.host_load(xs, "x"))
+            x = ops.remote_load(buf, offset)
         y = ops.collectives.replicated_all_reduce(x, op="add")
         ys = popxl.d2h_stream(y.shape, popxl.float32, "y")
         ops.host_store(ys, y)
@@ -40,19 +47,19 @@ def _gather_program():
 
 
 def scenario_error() -> None:
-    ir, xs, ix, ys = _gather_program()
+    ir, xs, ix, ys = _offset_program()
     data = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
     with popxl.Session(ir, "ipu_hw") as sess:
         try:
             sess.run({xs: data, ix: np.array([[0], [7]], np.int32)})
         except EngineError as e:
             msg = str(e)
-            assert "replica 1" in msg and "Gather" in msg and "index 7" in msg, msg
+            assert "replica 1" in msg and "RemoteStore" in msg and "entry 7" in msg, msg
         else:
-            raise AssertionError("no exception for an out-of-range gather on replica 1")
+            raise AssertionError("no exception for an out-of-range offset on replica 1")
     with popxl.Session(ir, "ipu_hw") as sess:      # the pool still works
         out = sess.run({xs: data, ix: np.array([[1], [2]], np.int32)})[ys]
-    np.testing.assert_array_equal(out, np.full((2, 1), data[0, 1] + data[1, 2]))
+    np.testing.assert_array_equal(out, np.tile(data.sum(axis=0), (2, 1)))
 
 
 def scenario_diverge() -> None:
@@ -91,7 +98,7 @@ def _worker_pid(index: int) -> int:
 
 
 def scenario_crash() -> None:
-    ir, xs, ix, ys = _gather_program()
+    ir, xs, ix, ys = _offset_program()
     data = np.ones((2, 3), np.float32)
     idx = np.zeros((2, 1), np.int32)
     t0 = None

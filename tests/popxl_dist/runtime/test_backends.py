@@ -18,6 +18,7 @@ import collective_cases
 import failure_cases
 import fp8_cases
 import remote_cases
+import surface_cases
 import tp_cases
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -108,6 +109,13 @@ def test_fp8_cases_on_local_backend(monkeypatch, capsys, workers):
     if workers:
         monkeypatch.setenv("POPXL_WORKERS", workers)
     assert fp8_cases.main() == 0, capsys.readouterr().out[-3000:]
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_surface_cases_on_local_backend(monkeypatch, capsys, workers):
+    if workers:
+        monkeypatch.setenv("POPXL_WORKERS", workers)
+    assert surface_cases.main() == 0, capsys.readouterr().out[-3000:]
 
 
 @pytest.mark.parametrize("workers", [None, "2"])
