@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, blocks, cast, flat, np_dtype, scalar
+from ._util import F16, F32, blocks, cast, flat, np_dtype, round_f16, scalar
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -48,6 +48,15 @@ def _accumulate_coeffs(mode: str, f, cdt):
     raise ValueError(f"Accumulate: unknown mode {mode!r}")
 
 
+def _rounder(x_dt: np.dtype, t_dt: np.dtype, calc: np.dtype):
+    """X as a new `calc` array, rounded into `t`'s dtype first."""
+    if t_dt == F16 and x_dt == F32 and calc == F32:
+        return round_f16                         # one pass instead of two conversions
+    if x_dt == t_dt:
+        return lambda x: cast(x, calc)
+    return lambda x: cast(cast(x, t_dt), calc)
+
+
 @kernel("Accumulate", modifies=(0,))
 def _accumulate_kernel(attrs, ins, outs):
     mode = attrs["mode"]
@@ -70,9 +79,11 @@ def _accumulate_kernel(attrs, ins, outs):
             return t
         return add_mixed
 
+    x_to_calc = _rounder(x_dt, t_dt, calc)
+
     def update(tv, x, a, b):
         """The new value of `tv` (in calc) from `x` (any dtype)."""
-        xv = cast(x if x_dt == t_dt else cast(x, t_dt), calc)     # round X into t's dtype
+        xv = x_to_calc(x)
         if square:
             xv *= xv
         if b != 1:

@@ -3,7 +3,7 @@ subnormals, round-half-to-even ties, overflow to inf, NaN payloads, signed zeros
 import numpy as np
 import pytest
 
-from popxl.engine.kernels._util import cast, from_f16, to_f16
+from popxl.engine.kernels._util import cast, from_f16, round_f16, to_f16
 
 RNG = np.random.default_rng(11)
 ALL_F16 = np.arange(2 ** 16, dtype=np.uint16).view(np.float16)
@@ -67,3 +67,18 @@ def test_cast_helper():
     _same_bits(cast(h, np.dtype(np.float32)), h.astype(np.float32))
     assert cast(x, np.dtype(np.float32)) is not x               # always a new array
     np.testing.assert_array_equal(cast(h, np.dtype(np.int32)), h.astype(np.int32))
+
+
+@pytest.mark.parametrize("case", range(len(_f32_cases())))
+def test_round_f16_gives_the_float16_values_in_float32(case):
+    v = _f32_cases()[case]
+    with np.errstate(all="ignore"):
+        want = v.astype(np.float16).astype(np.float32)
+    _same_bits(round_f16(v), want)
+
+
+def test_round_f16_without_out_of_range_values_and_strided():
+    u = RNG.integers(0, 0x477FF000, 10 ** 6, dtype=np.uint64).astype(np.uint32)
+    u |= RNG.integers(0, 2, u.size).astype(np.uint32) << 31           # both signs, no inf/NaN
+    v = u.view(np.float32).reshape(1000, 1000)[:, ::3]
+    _same_bits(round_f16(v), v.astype(np.float16).astype(np.float32))
