@@ -1,7 +1,7 @@
 """Exceptions of the popxl API."""
 
 __all__ = ["UndefinedValue", "EngineError", "WorkerError", "WorkerDied", "CollectiveTimeout",
-           "RunAborted"]
+           "SessionFailed", "RunAborted"]
 
 
 class UndefinedValue(ValueError):
@@ -20,8 +20,23 @@ class WorkerDied(WorkerError):
     """A worker process died; the pool that held it cannot be used again."""
 
 
-class CollectiveTimeout(EngineError):
-    """A collective waited longer than `POPXL_COLLECTIVE_TIMEOUT` seconds for its peers."""
+class CollectiveTimeout(WorkerError):
+    """A collective waited longer than `POPXL_COLLECTIVE_TIMEOUT` seconds for a worker that sent
+    nothing (stopped, hung, or far slower than its peers). The message names the op, the
+    replicas that waited and the silent worker; `op`, `replicas` and `workers` (the silent
+    workers) are set when known."""
+
+    op = None
+    replicas: tuple = ()
+    workers: tuple = ()
+
+
+class SessionFailed(EngineError):
+    """A device operation of a Session whose earlier run (or weight transfer) failed: its
+    replicas may be out of step. `first_error` is the failure; `Session.reset()` or a new
+    Session clears it."""
+
+    first_error = None
 
 
 class RunAborted(RuntimeError):

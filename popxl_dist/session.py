@@ -9,8 +9,11 @@ import numpy as np
 
 from ._ir.records import TensorKind
 from .runtime import create_runtime
+from .session_checks import (as_stream_mapping, check_output_array, check_store_counts,
+                             checked_downcast, read_only, session_failed)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, Variable
+from .engine.compile import stream_slots
 from .transforms.patterns import check_op_to_identity_applied
 from .utils import _DOWNCAST, to_numpy
 
@@ -78,6 +81,7 @@ class Session:
         self._host_weights: Dict[str, np.ndarray] = {
             t: _initial_host_value(i, data.replication_factor)
             for t, i in self._variables.items()}
+        check_store_counts(data, stream_slots(data)[1])
         self._runtime = create_runtime(data)
         weakref.finalize(self, self._runtime.close)
         _announce(device_desc, self._runtime.name, data.replication_factor,
@@ -92,6 +96,12 @@ class Session:
         self._attached = False
         self._depth_attached: list = []
         self._out_of_sync = False
+        # The first failure of a device operation: until `reset()` every device operation
+        # raises SessionFailed (the replicas may be out of step).
+        self._failure: Optional[BaseException] = None
+        # Leaving `with session:` by an exception skips weights_to_host (as upstream); the
+        # newer weights stay on the device and are read from there when next needed.
+        self._kept_on_device = False
 
     # --- properties --------------------------------------------------------------------
     @property
@@ -112,15 +122,28 @@ class Session:
         self._depth_attached.append(was)
         if not was:
             self._attach()
-            self.weights_from_host()
+            if self._kept_on_device:
+                # The device holds newer weights than the host (see __exit__): keep them.
+                self._kept_on_device = False
+                self._out_of_sync = True
+            elif self._failure is None:
+                self.weights_from_host()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        """Detach; copy the weights to the host first, unless an exception is leaving the
+        context or the Session failed. Then (a popxl-dist deviation that loses no training)
+        the weights stay on the device: `get_tensor_data` and `write_variable_data` read them
+        from there and the next `with session:` keeps them instead of uploading the stale host
+        copy."""
         was = self._depth_attached.pop()
         if not was and self._attached:
             try:
-                if exc_type is None and self.weights_to_host_on_exit:
-                    self.weights_to_host()
+                if exc_type is None and self._failure is None:
+                    if self.weights_to_host_on_exit:
+                        self.weights_to_host()
+                elif self._out_of_sync:
+                    self._kept_on_device = True
             finally:
                 self._detach()
 
@@ -179,7 +202,7 @@ class Session:
                             f"converted to a NumPy array: {e}") from e
         want = stream.dtype.as_numpy()
         if downcast and arr.dtype != want and _DOWNCAST.get(arr.dtype) == want:
-            arr = arr.astype(want)
+            arr = checked_downcast(stream.tensor_id, arr, want)
         if arr.dtype != want:
             raise TypeError(
                 f"Session.run: input stream '{stream.tensor_id}' expects dtype "
@@ -192,6 +215,7 @@ class Session:
             downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
         """Run the program once; returns `{d2h_stream: array}` in upstream's host layout."""
         self._require_attached()
+        inputs = as_stream_mapping(inputs, "Session.run", "input")
         outputs = self.create_host_outputs()
         self.run_with_outputs(inputs, outputs, downcast_inputs)
         return outputs
@@ -199,10 +223,11 @@ class Session:
     def run_with_outputs(self, inputs: Optional[Mapping[HostToDeviceStream, np.ndarray]] = None,
                          outputs: Optional[Mapping[DeviceToHostStream, np.ndarray]] = None,
                          downcast_inputs: bool = True) -> None:
-        """Run once, writing into the caller's `outputs` arrays."""
+        """Run once, writing into the caller's `outputs` arrays. Every argument is checked
+        before anything runs; a run that fails marks the Session failed (see `reset`)."""
         self._require_attached()
-        inputs = inputs or {}
-        outputs = outputs or {}
+        inputs = as_stream_mapping(inputs, "Session.run_with_outputs", "input")
+        outputs = as_stream_mapping(outputs, "Session.run_with_outputs", "output")
         if inputs.keys() != self._expected:
             self._stream_key_error("input", set(inputs), self._expected)
         if outputs.keys() != set(self._d2h):
@@ -211,12 +236,33 @@ class Session:
         out_arrays = []
         for s in self._d2h:
             o = outputs[s]
-            if not isinstance(o, np.ndarray) or o.dtype != s.dtype.as_numpy():
-                raise TypeError(f"Session.run_with_outputs: output for stream '{s.tensor_id}' "
-                                f"must be a NumPy array of dtype {s.dtype.name}")
+            check_output_array(s.tensor_id, o, s.dtype.as_numpy())
             out_arrays.append(self._as_transfers(s, o, False))
-        self._runtime.run(in_arrays, out_arrays)
         self._out_of_sync = True
+        self._on_device("Session.run", self._runtime.run, in_arrays, out_arrays)
+
+    def _on_device(self, what: str, fn, *args):
+        """Call a runtime operation that changes the device. The first one to fail marks the
+        Session failed; while failed, every such call raises SessionFailed naming it."""
+        if self._failure is not None:
+            raise session_failed(what, self._failure) from self._failure
+        try:
+            return fn(*args)
+        except BaseException as e:
+            self._failure = e
+            raise
+
+    def reset(self) -> None:
+        """popxl-dist extension: clear a failed state (after a run or weight transfer failed,
+        every device operation raises SessionFailed) by restoring every replica from the host
+        weights: the values last copied to the host (by `weights_to_host`, `get_tensor_data`
+        or `write_variable_data`). When detached, the next `with session:` uploads them. Raises
+        again if the workers cannot be reached (e.g. one died: create a new Session)."""
+        self._failure = None
+        self._kept_on_device = False
+        self._out_of_sync = False
+        if self._attached:
+            self.weights_from_host()
 
     @staticmethod
     def _stream_key_error(kind: str, got: Set, want: Set) -> None:
@@ -229,22 +275,36 @@ class Session:
     def weights_to_host(self) -> None:
         """Copy every variable from the device into the host buffers."""
         self._require_attached()
-        self._runtime.run_fragment("weights_to_host")
-        values = self._runtime.read_variables(list(self._variables))
+        self._sync_to_host("Session.weights_to_host")
+
+    def _sync_to_host(self, what: str) -> None:
+        """Read every variable from the device into the host copy. Host buffers are replaced,
+        not overwritten (except memmaps: the file is the host copy), so arrays returned by
+        `get_tensor_data` earlier keep their values."""
+        values = self._on_device(what, self._read_device_weights)
         for tid, value in values.items():
             buf = self._host_weights[tid]
-            if buf.shape == value.shape:
+            if isinstance(buf, np.memmap) and buf.shape == value.shape:
                 buf[...] = value
             else:
                 self._host_weights[tid] = value
         self._out_of_sync = False
+        self._kept_on_device = False
+
+    def _read_device_weights(self) -> Dict[str, np.ndarray]:
+        self._runtime.run_fragment("weights_to_host")
+        return self._runtime.read_variables(list(self._variables))
 
     def weights_from_host(self) -> None:
         """Copy every host weight to the device."""
         self._require_attached()
-        self._runtime.write_variables(self._host_weights)
-        self._runtime.run_fragment("weights_from_host")
+        self._on_device("Session.weights_from_host", self._upload_weights, self._host_weights)
         self._out_of_sync = False
+
+    def _upload_weights(self, values: Dict[str, np.ndarray], fragment: bool = True) -> None:
+        self._runtime.write_variables(values)
+        if fragment:
+            self._runtime.run_fragment("weights_from_host")
 
     def _check_tensor(self, t) -> None:
         if not isinstance(t, (Variable, Constant)):
@@ -254,17 +314,31 @@ class Session:
             raise ValueError(f"get_tensor_data: tensor '{t.id}' belongs to another Ir")
 
     def get_tensor_data(self, tensor) -> np.ndarray:
-        """The host value of a Variable (synced from the device first if needed) or Constant."""
+        """The host value of a Variable (synced from the device first if needed) or Constant.
+
+        Deviation from upstream (which returns a view of its host buffer, so the array changes
+        at the next sync and writing into it changes what the next attach uploads): the result
+        is a read-only snapshot. It never changes afterwards, and writing into it raises;
+        `.copy()` it to modify it. (A variable backed by an np.memmap returns a read-only view
+        of the file, which later syncs do update.)"""
         return self.get_tensors_data([tensor])[tensor]
 
     def get_tensors_data(self, tensors: Iterable) -> Dict:
+        """`{tensor: get_tensor_data(tensor)}`, syncing from the device at most once."""
         tensors = list(tensors)
         for t in tensors:
             self._check_tensor(t)
-        if self._attached and self._out_of_sync and any(isinstance(t, Variable) for t in tensors):
-            self.weights_to_host()
-        return {t: (self._host_weights[t.id] if isinstance(t, Variable) else t._info.data)
+        if self._device_is_newer() and any(isinstance(t, Variable) for t in tensors):
+            self._sync_to_host("get_tensor_data")
+        return {t: read_only(self._host_weights[t.id] if isinstance(t, Variable)
+                             else t._info.data)
                 for t in tensors}
+
+    def _device_is_newer(self) -> bool:
+        """Whether the device holds newer weights than the host copy that a read must fetch:
+        after a run while attached (as upstream), or after leaving `with session:` by an
+        exception (which skipped the copy to the host)."""
+        return self._kept_on_device or (self._attached and self._out_of_sync)
 
     def write_variable_data(self, tensor, data) -> None:
         self.write_variables_data({tensor: data})
@@ -293,19 +367,19 @@ class Session:
                 raise ValueError(f"write_variable_data: variable '{v.id}' expects host data of "
                                  f"shape {tuple(v.shape_on_host)}, got {arr.shape}")
             updates[v.id] = arr
-        if self._attached and self._out_of_sync:
-            self.weights_to_host()
+        if self._device_is_newer():
+            self._sync_to_host("write_variable_data")
         for tid, arr in updates.items():
             buf = self._host_weights[tid]
-            if isinstance(buf, np.memmap) or buf.shape == arr.shape:
+            if isinstance(buf, np.memmap):
                 buf[...] = arr
-            else:
-                self._host_weights[tid] = arr.copy()
+            else:       # a new buffer: earlier get_tensor_data results keep their values
+                self._host_weights[tid] = np.array(arr, copy=True)
         if self._attached:
-            self._runtime.write_variables({t: self._host_weights[t] for t in updates})
-            if any(self._variables[t].extra.get("sharded") for t in updates):
-                # RTS shards on the device are loaded from their buffers by this fragment.
-                self._runtime.run_fragment("weights_from_host")
+            # RTS shards on the device are loaded from their buffers by the fragment.
+            sharded = any(self._variables[t].extra.get("sharded") for t in updates)
+            self._on_device("write_variable_data", self._upload_weights,
+                            {t: self._host_weights[t] for t in updates}, sharded)
 
     def device_memory_report(self):
         """popxl-dist extension: bytes of device memory (on-chip variables, RTS shards, remote

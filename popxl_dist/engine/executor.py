@@ -11,9 +11,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .._ir.records import IrData, TensorKind
-from ..errors import EngineError, RunAborted, WorkerError
+from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerError
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
+from .transfers import store_shortfalls
 
 __all__ = ["ReplicaContext", "Worker", "group_layout", "shard_of", "unshard"]
 
@@ -44,6 +45,14 @@ class ReplicaContext:
         self.out_count[slot] = k + 1
         chunks = self.out_chunks[slot]
         chunks[k % len(chunks)][...] = value
+
+
+def _replica_span(replicas: Sequence[int]) -> str:
+    """`replica 3` or `replicas 2..5` (a contiguous block)."""
+    replicas = list(replicas)
+    if len(replicas) == 1:
+        return f"replica {replicas[0]}"
+    return f"replicas {replicas[0]}..{replicas[-1]}"
 
 
 def shard_of(value: np.ndarray, info, replica: int, size: int) -> np.ndarray:
@@ -96,6 +105,10 @@ class Worker:
                 ctx.remote[bid] = np.zeros((rec["entries"], *rec["shape"]),
                                            rec["dtype"].as_numpy())
         self._single = len(self.ctxs) == 1
+        # d2h streams a conditional may store fewer than num_host_transfers times: checked
+        # after each run (the Session refuses programs that always store too few).
+        _, possible = store_shortfalls(ir, p.d2h_streams)
+        self._short_store_slots = [(p.d2h_streams.index(s), s) for s in possible]
 
     # --- weights -----------------------------------------------------------------------
     def write_weights(self, values: Dict[str, np.ndarray]) -> None:
@@ -181,6 +194,20 @@ class Worker:
                 ctx.out_chunks[s] = [arr[t, j, ...] for t in range(arr.shape[0])]
                 ctx.out_count[s] = 0
         self._execute(self.program.main)
+        if self._short_store_slots:
+            self._check_store_counts()
+
+    def _check_store_counts(self) -> None:
+        n = self.ir.num_host_transfers
+        for ctx in self.ctxs:
+            for slot, stream in self._short_store_slots:
+                k = ctx.out_count[slot]
+                if k < n:
+                    raise EngineError(
+                        f"replica {ctx.replica}: device-to-host stream '{stream}' was stored "
+                        f"{k} time(s) in this run but num_host_transfers is {n} (a conditional "
+                        f"skipped its host_store): transfers {k}..{n - 1} of its output would "
+                        f"be uninitialised memory. Store to it {n} time(s) in every run.")
 
     def _execute(self, cg) -> None:
         if cg.has_collectives:
@@ -196,7 +223,10 @@ class Worker:
                 raise err from e
 
     def _explain(self, exc: BaseException, replica: int) -> BaseException:
-        """An EngineError naming the op (and the replica when there are several)."""
+        """An EngineError naming the op (and the replica when there are several); another
+        worker's failure (e.g. raised by the Ray backend's watchdog) passes unchanged."""
+        if isinstance(exc, (WorkerError, RunAborted)):
+            return exc
         err = explain_error(self.program, exc)
         if self.ir.replication_factor > 1:
             op = getattr(err, "op", None)
@@ -234,6 +264,10 @@ class Worker:
             comm.tag = step.tag
             try:
                 sends = step.fn(comm, [s[1] for s in steps])
+            except CollectiveTimeout as e:
+                if e.op is not None:
+                    raise                        # another worker's, already described
+                raise self._timed_out(step.op, e) from None
             except (WorkerError, RunAborted):
                 raise                            # another worker's failure, already described
             except Exception as e:  # noqa: BLE001
@@ -242,6 +276,22 @@ class Worker:
                                   f"{type(e).__name__}: {e}")
                 err.op = step.op
                 raise err from e
+
+    def _timed_out(self, op, exc: CollectiveTimeout) -> CollectiveTimeout:
+        """The transport's timeout, naming the op, the replicas that waited and the silent
+        workers with their replicas."""
+        layout = self.comm.layout
+        silent = ", ".join(f"worker {w} ({_replica_span(layout.replicas_of(w))})"
+                           for w in exc.workers)
+        timeout = getattr(exc, "timeout", None)
+        after = f" after {timeout:g} s" if timeout is not None else ""
+        err = CollectiveTimeout(
+            f"{op.describe()}: collective timed out{after} (POPXL_COLLECTIVE_TIMEOUT) on "
+            f"{_replica_span(self.replicas)} (worker {self.comm.worker}), "
+            f"waiting for {silent or 'its peers'}, which sent nothing: stopped, hung, or far "
+            f"slower than the others")
+        err.op, err.replicas, err.workers = op, tuple(self.replicas), tuple(exc.workers)
+        return err
 
     def _divergence(self, steps) -> str:
         where = []
