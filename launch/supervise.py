@@ -73,8 +73,12 @@ def run_job(cmd: Sequence[str], env: Dict[str, str], pass_fds: Sequence[int] = (
     main = threading.current_thread() is threading.main_thread()
     previous = {}
     if main:
+        stopping = []
+
         def on_signal(signum, frame):
-            raise _Stop(signum)
+            if not stopping:             # (a repeat must not interrupt the handling of the first)
+                stopping.append(signum)
+                raise _Stop(signum)
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:

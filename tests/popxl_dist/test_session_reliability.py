@@ -183,3 +183,42 @@ def test_get_tensor_data_of_a_constant_is_read_only():
     got = sess.get_tensor_data(c)
     with pytest.raises(ValueError, match="read-only"):
         got[0] = 5
+
+
+# --- collective timeouts on worker threads ------------------------------------------------
+def test_collective_timeout_on_worker_threads_names_op_replicas_and_silent_worker(monkeypatch):
+    """Replica 1 (worker thread 1) computes a long loop before the all-reduce that replica 0
+    (worker 0) waits in: CollectiveTimeout at the timeout, not when the loop ends."""
+    import time
+
+    from popxl.errors import CollectiveTimeout
+    from popxl.runtime import threads
+
+    monkeypatch.setenv("POPXL_WORKERS", "2")
+    monkeypatch.setenv("POPXL_COLLECTIVE_TIMEOUT", "0.5")
+    monkeypatch.setattr(threads, "_POOLS", {})
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        cs = popxl.h2d_stream((), popxl.bool, "slow")
+        x = popxl.variable(np.ones((32, 32), np.float32), name="x")
+        loop = ir.create_graph(lambda t: ops.matmul(t, t) * (1 / 32), x)
+        slow = ir.create_graph(lambda t: ops.repeat(loop, 60_000, t)[0], x)
+        fast = ir.create_graph(lambda t: t + 0.0, x)
+        y, = ops.conditional(ops.host_load(cs, "slow"), slow, fast, then_inputs=[x],
+                             else_inputs=[x])
+        ops.collectives.replicated_all_reduce_(y)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout) as info:
+            sess.run({cs: np.array([False, True])})
+        took = time.monotonic() - t0
+    msg = str(info.value)
+    assert "ReplicatedAllReduceInplace" in msg and "on replica 0 (worker 0)" in msg, msg
+    assert "waiting for worker 1 (replica 1)" in msg, msg
+    assert info.value.workers == (1,) and info.value.replicas == (0,)
+    assert took < 0.5 + 2.0, f"raised after {took:.2f} s"
+    ir2 = popxl.Ir(replication=2)           # a new Session gets a new pool of threads
+    with ir2.main_graph:
+        ops.collectives.replicated_all_reduce_(popxl.variable(np.ones(2, np.float32)))
+    with popxl.Session(ir2, "ipu_hw") as sess:
+        sess.run()
