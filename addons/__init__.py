@@ -14,7 +14,7 @@ from .graph_cache import GraphCache, function
 from .module import Module, create_grad_graph_info
 from .named_replica_grouping import NamedReplicaGrouping
 from .named_tensors import NamedTensorData, NamedTensors
-from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from .ops import cross_entropy, cross_entropy_with_grad, fp8_amax_scale, host_load, host_store
 from .remote import (
     create_remote_buffer,
     load_remote_graph,
@@ -77,7 +77,8 @@ __all__ = [
     "GraphWithNamedArgs", "BoundGraph", "GraphCache", "function", "add_variable_input",
     "add_replica_sharded_variable_input", "create_grad_graph_info", "OrderedDict", "timer",
     "WeightsDict", "DotTree", "to_mapping", "sanitise", "NamedReplicaGrouping",
-    "cross_entropy", "cross_entropy_with_grad", "host_load", "host_store", "autodiff",
+    "cross_entropy", "cross_entropy_with_grad", "host_load", "host_store", "fp8_amax_scale",
+    "autodiff",
     "autodiff_with_accumulation", "recompute_graph", "remap_grad_info", "InputStreams",
     "OutputStreams", "ops", "transforms", "GIT_COMMIT", "remote", "rts", "load_remote_graph",
     "store_remote_graph", "named_buffers", "named_variable_buffers", "create_remote_buffer",

@@ -12,11 +12,6 @@ __all__ = [
     "complex64", "complex128",
 ]
 
-_FLOAT8_MSG = (
-    "{name} is not supported by the popxl-dist emulator yet: float8 storage and the "
-    "pow2scale casts are not implemented"
-)
-
 
 class dtype:
     """A PopXL data type. Instances are singletons: compare them with `==` or `is`."""
@@ -119,8 +114,11 @@ uint8 = dtype("uint8", np.dtype(np.uint8), False, True, False, False, "uint8")
 uint16 = dtype("uint16", np.dtype(np.uint16), False, True, False, False, None)
 uint32 = dtype("uint32", np.dtype(np.uint32), False, True, False, False, None)
 uint64 = dtype("uint64", np.dtype(np.uint64), False, True, False, False, None)
-float8_143 = dtype("float8_143", np.dtype([("float8_143", "u1")]), False, False, True, True, None)
-float8_152 = dtype("float8_152", np.dtype([("float8_152", "u1")]), False, False, True, True, None)
+# float8 NumPy dtypes (upstream's): structured dtypes with one `u1` field holding the code.
+np_dtype_float8_143 = np.dtype([("float8_143", "u1")])
+np_dtype_float8_152 = np.dtype([("float8_152", "u1")])
+float8_143 = dtype("float8_143", np_dtype_float8_143, False, False, True, True, None)
+float8_152 = dtype("float8_152", np_dtype_float8_152, False, False, True, True, None)
 float16 = dtype("float16", np.dtype(np.float16), False, False, True, True, "float16")
 float32 = dtype("float32", np.dtype(np.float32), False, False, True, True, "float32")
 float64 = dtype("float64", np.dtype(np.float64), False, False, True, True, "float64")
@@ -133,7 +131,10 @@ double = float64
 FLOAT8_DTYPES = (float8_143, float8_152)
 
 
-def check_not_float8(d: dtype, what: str) -> None:
-    """Raise NotImplementedError for float8 types, which the emulator cannot compute with."""
-    if d in FLOAT8_DTYPES:
-        raise NotImplementedError(f"{what}: " + _FLOAT8_MSG.format(name=repr(d)))
+_UINT8 = np.dtype(np.uint8)
+
+
+def storage_numpy(d: dtype) -> np.dtype:
+    """The NumPy dtype arrays of `d` are held in by the engine and on the host: `as_numpy()`,
+    except float8, whose values are uint8 codes (upstream's host representation)."""
+    return _UINT8 if d in FLOAT8_DTYPES else d.as_numpy()

@@ -62,6 +62,9 @@ def build_graph(ir: "Ir", fn: Callable, args: tuple, kwargs: dict) -> "Graph":
             except TypeError as e:
                 raise ValueError(f"create_graph: the arguments given for '{name}' do not match "
                                  f"the signature {sig}: {e}") from None
+            # Defaults fill the gaps, so that an argument given by keyword after a defaulted
+            # one is not passed on positionally into the defaulted parameter.
+            bound.apply_defaults()
             new_args, new_kwargs = [], {}
             for pname, value in bound.arguments.items():
                 p = sig.parameters[pname]

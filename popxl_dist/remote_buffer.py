@@ -16,7 +16,7 @@ import numpy as np
 from . import dtypes
 from ._ir.records import TensorKind
 from .context import _execution_context, gcg
-from .tensor import (HostTensor, Tensor, Variable, _check_float8_args, _host_array, _new_tensor)
+from .tensor import HostTensor, Tensor, Variable, _host_array, _new_tensor
 
 __all__ = ["RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_sharded_variable",
            "replica_sharded_variable", "replica_sharded_buffer"]
@@ -139,12 +139,13 @@ def _group_data(arr: np.ndarray, rg, name: str, what: str) -> Tuple[int, ...]:
 
 
 def _new_variable(what: str, data, dtype, name, downcast, replica_grouping, retrieval_mode,
-                  shape_of, extra: Dict[str, Any], meta_shape=()) -> Variable:
+                  shape_of, extra: Dict[str, Any], meta_shape=(), log2_scale=None,
+                  nan_on_overflow=None) -> Variable:
     g = gcg()
     if g is not g.ir.main_graph:
         raise ValueError(f"{what}: variables can only be created in the main graph, the "
                          f"current graph is '{g.id}'")
-    arr = _host_array(data, dtype, downcast, what)
+    arr, d = _host_array(data, dtype, downcast, what, log2_scale, nan_on_overflow)
     rg = replica_grouping
     if rg is not None and rg._ir is not g.ir:
         raise ValueError(f"{what}: the replica grouping belongs to another Ir")
@@ -153,8 +154,8 @@ def _new_variable(what: str, data, dtype, name, downcast, replica_grouping, retr
         raise ValueError(f"{what}: retrieval_mode must be 'one_per_group' or 'all_replicas', "
                          f"got {mode!r}")
     shape = _group_data(arr, rg, name or "t", what)
-    shape_of(shape, dtypes.dtype.as_dtype(arr.dtype))
-    info = _new_tensor(g, name, shape, dtypes.dtype.as_dtype(arr.dtype), TensorKind.VARIABLE,
+    shape_of(shape, d)
+    info = _new_tensor(g, name, shape, d, TensorKind.VARIABLE,
                        meta_shape=meta_shape if meta_shape else (), data=arr,
                        extra={"replica_grouping": rg, "retrieval_mode": mode, **extra})
     return g._tensor(info.id)
@@ -175,7 +176,6 @@ def remote_variable(data: HostTensor, remote_buffer: RemoteBuffer, offset: int =
                     nan_on_overflow=None) -> Variable:
     """A variable whose home is entry `offset` of `remote_buffer` (bring it on chip with
     `ops.remote_load`). With G > 1 groups, `data` has a leading group axis."""
-    _check_float8_args(dtype, log2_scale, nan_on_overflow, "remote_variable")
     buf = _check_buffer(remote_buffer, "remote_variable")
     off = _check_offset(buf, offset, "remote_variable")
 
@@ -186,7 +186,8 @@ def remote_variable(data: HostTensor, remote_buffer: RemoteBuffer, offset: int =
                              f"(shape {buf.tensor_shape}, dtype {buf.tensor_dtype.name})")
 
     return _new_variable("remote_variable", data, dtype, name, downcast, replica_grouping,
-                         retrieval_mode, check, {"remote": (buf.remote_buffer_id, off)})
+                         retrieval_mode, check, {"remote": (buf.remote_buffer_id, off)},
+                         log2_scale=log2_scale, nan_on_overflow=nan_on_overflow)
 
 
 def _shard_over(rg, shard_over: Optional[int], ir, what: str) -> int:
@@ -226,7 +227,6 @@ def remote_replica_sharded_variable(data: HostTensor, remote_buffer: RemoteBuffe
                                     log2_scale=None, nan_on_overflow=None) -> Variable:
     """An RTS variable stored in entry `offset` of `remote_buffer`: one shard per replica.
     Its `.shape` is the full (unsharded) per-group shape."""
-    _check_float8_args(dtype, log2_scale, nan_on_overflow, "remote_replica_sharded_variable")
     what = "remote_replica_sharded_variable"
     ir = gcg().ir
     if ir.replication_factor <= 1:
@@ -271,7 +271,7 @@ def remote_replica_sharded_variable(data: HostTensor, remote_buffer: RemoteBuffe
 
     holder: Dict[str, Any] = {"remote": (buf.remote_buffer_id, off), "sharded": True}
     var = _new_variable(what, data, dtype, name, downcast, replica_grouping, retrieval_mode,
-                        check, holder)
+                        check, holder, log2_scale=log2_scale, nan_on_overflow=nan_on_overflow)
     var._info.extra["shard_over"] = info["k"]
     var._info.meta_shape = tuple(info["shape"])
     return var
@@ -287,16 +287,15 @@ def replica_sharded_variable(data: HostTensor, dtype: Optional[dtypes.dtype] = N
     Returns `(variable, shard)`."""
     from . import ops
 
-    _check_float8_args(dtype, log2_scale, nan_on_overflow, "replica_sharded_variable")
     g = gcg()
     if g is not g.ir.main_graph:
         raise ValueError("replica_sharded_variable: variables can only be created in the main "
                          f"graph, the current graph is '{g.id}'")
-    arr = _host_array(data, dtype, downcast, "replica_sharded_variable")
-    buf = replica_sharded_buffer(arr.shape, dtypes.dtype.as_dtype(arr.dtype), replica_grouping,
-                                 shard_over)
-    var = remote_replica_sharded_variable(arr, buf, 0, None, name, downcast, replica_grouping,
-                                          retrieval_mode)
+    arr, d = _host_array(data, dtype, downcast, "replica_sharded_variable", log2_scale,
+                         nan_on_overflow)
+    buf = replica_sharded_buffer(arr.shape, d, replica_grouping, shard_over)
+    var = remote_replica_sharded_variable(arr, buf, 0, d if d in dtypes.FLOAT8_DTYPES else None,
+                                          name, downcast, replica_grouping, retrieval_mode)
     with _execution_context("WeightsFromHostFragment"):
         shard = ops.remote_load(buf, 0, f"{name or var.name}_rts")
     with _execution_context("WeightsToHostFragment"):

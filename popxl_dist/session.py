@@ -8,12 +8,13 @@ from typing import Dict, Iterable, Mapping, Optional, Set, Tuple
 import numpy as np
 
 from ._ir.records import TensorKind
+from .dtypes import FLOAT8_DTYPES, storage_numpy
+from .engine.compile import stream_slots
 from .runtime import create_runtime
 from .session_checks import (as_stream_mapping, check_output_array, check_store_counts,
                              checked_downcast, read_only, session_failed)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, Variable
-from .engine.compile import stream_slots
 from .transforms.patterns import check_op_to_identity_applied
 from .utils import _DOWNCAST, to_numpy
 
@@ -170,7 +171,7 @@ class Session:
         return set(self._expected)
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
-        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy())
+        return {s: np.empty(self._full_input_shape(s.shape), storage_numpy(s.dtype))
                 for s in self._d2h}
 
     def _as_transfers(self, stream, arr: np.ndarray, is_input: bool) -> np.ndarray:
@@ -200,14 +201,19 @@ class Session:
         except Exception as e:  # noqa: BLE001
             raise TypeError(f"Session.run: input for stream '{stream.tensor_id}' cannot be "
                             f"converted to a NumPy array: {e}") from e
-        want = stream.dtype.as_numpy()
+        want = storage_numpy(stream.dtype)
+        if arr.dtype != want and arr.dtype == stream.dtype.as_numpy():
+            arr = arr.view(want).reshape(arr.shape)     # float8 structured data: its codes
         if downcast and arr.dtype != want and _DOWNCAST.get(arr.dtype) == want:
             arr = checked_downcast(stream.tensor_id, arr, want)
         if arr.dtype != want:
+            hint = (f"cast it with popxl.fp8_utils.host_pow2scale_cast_to_fp8(data, "
+                    f"popxl.{stream.dtype.name}, log2_scale)"
+                    if stream.dtype in FLOAT8_DTYPES else
+                    f"convert the data, e.g. arr.astype(np.{want.name})")
             raise TypeError(
                 f"Session.run: input stream '{stream.tensor_id}' expects dtype "
-                f"{stream.dtype.name}, got {arr.dtype} (convert the data, e.g. "
-                f"arr.astype(np.{want.name}))")
+                f"{stream.dtype.name}, got {arr.dtype} ({hint})")
         return self._as_transfers(stream, arr, True)
 
     # --- running -----------------------------------------------------------------------
@@ -236,7 +242,7 @@ class Session:
         out_arrays = []
         for s in self._d2h:
             o = outputs[s]
-            check_output_array(s.tensor_id, o, s.dtype.as_numpy())
+            check_output_array(s.tensor_id, o, storage_numpy(s.dtype), s.dtype.name)
             out_arrays.append(self._as_transfers(s, o, False))
         self._out_of_sync = True
         self._on_device("Session.run", self._runtime.run, in_arrays, out_arrays)
@@ -355,14 +361,22 @@ class Session:
                 raise NotImplementedError(f"write_variable_data: variable '{v.id}' has "
                                           f"retrieval_mode 'all_replicas' with group_size > 1, "
                                           f"which cannot be written (as upstream)")
-            want = v.dtype.as_numpy()
+            want = storage_numpy(v.dtype)
+            float8 = v.dtype in FLOAT8_DTYPES
             if isinstance(data, (int, float, bool, np.number)) and not isinstance(data, np.ndarray):
+                if float8:
+                    raise TypeError(f"write_variable_data: variable '{v.id}' is {v.dtype.name}: "
+                                    f"write an array of codes (host_pow2scale_cast_to_fp8), "
+                                    f"not a Python number")
                 arr = np.full(v.shape_on_host, data, dtype=want)
             else:
                 arr = to_numpy(data, copy=False, downcast=False)
+                if float8 and arr.dtype == v.dtype.as_numpy():
+                    arr = arr.view(want).reshape(arr.shape)
                 if arr.dtype != want:
+                    codes = " (uint8 codes)" if float8 else ""
                     raise TypeError(f"write_variable_data: variable '{v.id}' has dtype "
-                                    f"{v.dtype.name}; got data of dtype {arr.dtype}")
+                                    f"{v.dtype.name}{codes}; got data of dtype {arr.dtype}")
             if arr.shape != tuple(v.shape_on_host):
                 raise ValueError(f"write_variable_data: variable '{v.id}' expects host data of "
                                  f"shape {tuple(v.shape_on_host)}, got {arr.shape}")

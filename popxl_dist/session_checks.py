@@ -59,13 +59,14 @@ def _raise_changed(stream_id: str, arr: np.ndarray, value, want: np.dtype, how: 
                      f"give the stream a wider dtype.")
 
 
-def check_output_array(stream_id: str, arr: Any, want: np.dtype) -> None:
-    """An output of `run_with_outputs` must be a writable NumPy array of the stream's dtype."""
+def check_output_array(stream_id: str, arr: Any, want: np.dtype, dtype_name: str) -> None:
+    """An output of `run_with_outputs` must be a writable NumPy array of the stream's storage
+    dtype `want` (popxl dtype `dtype_name`)."""
     if not isinstance(arr, np.ndarray) or arr.dtype != want:
         got = f"{type(arr).__name__} of dtype {arr.dtype}" if isinstance(arr, np.ndarray) \
             else type(arr).__name__
         raise TypeError(f"Session.run_with_outputs: output for stream '{stream_id}' must be a "
-                        f"NumPy array of dtype {want}, got {got}")
+                        f"NumPy array of dtype {dtype_name} ({want}), got {got}")
     if not arr.flags.writeable:
         raise ValueError(f"Session.run_with_outputs: output array for stream '{stream_id}' is "
                          f"read-only; pass a writable array (e.g. a copy)")

@@ -370,20 +370,20 @@ def graph_output(t: Tensor) -> None:
     g._data.outputs.append(t.id)
 
 
-def _check_float8_args(d, log2_scale, nan_on_overflow, what: str) -> None:
-    if d is not None and d in dtypes.FLOAT8_DTYPES:
-        dtypes.check_not_float8(d, what)
-    if log2_scale is not None or nan_on_overflow is not None:
-        raise RuntimeError(f"{what}: log2_scale and nan_on_overflow are only for float8 dtypes")
-
-
-def _host_array(data, dtype, downcast, what: str) -> np.ndarray:
+def _host_array(data, dtype, downcast, what: str, log2_scale=None,
+                nan_on_overflow=None) -> Tuple[np.ndarray, dtypes.dtype]:
+    """(host array, popxl dtype) of factory `data`; float8 data becomes uint8 codes."""
     if isinstance(data, Tensor):
         raise TypeError(f"{what}: `data` must be host data (NumPy, Python, torch), got {data!r}")
     d = dtypes.dtype.as_dtype(dtype) if dtype is not None else None
-    arr = to_numpy(data, d, downcast=downcast)
-    dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported NumPy dtypes
-    return arr
+    try:
+        arr = to_numpy(data, d, downcast=downcast, log2_scale=log2_scale,
+                       nan_on_overflow=nan_on_overflow)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise type(e)(f"{what}: {e}") from None
+    if d is not None and d in dtypes.FLOAT8_DTYPES:
+        return arr, d
+    return arr, dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported NumPy dtypes
 
 
 def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
@@ -392,14 +392,15 @@ def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
              nan_on_overflow=None) -> Variable:
     """A variable in the main graph initialised with `data`.
 
-    With a `replica_grouping` of G > 1 groups, `data` has shape `(G, *shape)`.
+    With a `replica_grouping` of G > 1 groups, `data` has shape `(G, *shape)`. For a float8
+    `dtype`, real-valued data is cast with `log2_scale` / `nan_on_overflow` (see
+    `popxl.utils.to_numpy`); uint8 data is taken as float8 codes.
     """
-    _check_float8_args(dtype, log2_scale, nan_on_overflow, "variable")
     g = gcg()
     if g is not g.ir.main_graph:
         raise ValueError(f"variable: variables can only be created in the main graph, the "
                          f"current graph is '{g.id}'")
-    arr = _host_array(data, dtype, downcast, "variable")
+    arr, d = _host_array(data, dtype, downcast, "variable", log2_scale, nan_on_overflow)
     rg = replica_grouping
     if rg is not None and rg._ir is not g.ir:
         raise ValueError("variable: the replica grouping belongs to another Ir")
@@ -414,18 +415,16 @@ def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
                 f"variable '{name or 't'}': with a replica grouping of {rg.num_groups} groups the "
                 f"data needs a leading group axis of size {rg.num_groups}, got shape {arr.shape}")
         shape = arr.shape[1:]
-    info = _new_tensor(g, name, shape, dtypes.dtype.as_dtype(arr.dtype), TensorKind.VARIABLE,
+    info = _new_tensor(g, name, shape, d, TensorKind.VARIABLE,
                        data=arr, extra={"replica_grouping": rg, "retrieval_mode": mode})
     return g._tensor(info.id)
 
 
 def constant(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
              downcast: bool = True, log2_scale=None, nan_on_overflow=None) -> Constant:
-    """A constant in the current graph."""
-    _check_float8_args(dtype, log2_scale, nan_on_overflow, "constant")
+    """A constant in the current graph (float8: as `variable`)."""
     g = gcg()
-    arr = _host_array(data, dtype, downcast, "constant")
+    arr, d = _host_array(data, dtype, downcast, "constant", log2_scale, nan_on_overflow)
     arr.setflags(write=False)
-    info = _new_tensor(g, name, arr.shape, dtypes.dtype.as_dtype(arr.dtype), TensorKind.CONSTANT,
-                       data=arr)
+    info = _new_tensor(g, name, arr.shape, d, TensorKind.CONSTANT, data=arr)
     return g._tensor(info.id)

@@ -14,12 +14,26 @@ _DOWNCAST = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dty
 
 
 def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True,
-             copy: bool = True) -> np.ndarray:
+             copy: bool = True, log2_scale: Optional[int] = None,
+             nan_on_overflow: Optional[bool] = None) -> np.ndarray:
     """Convert host data (NumPy, Python scalars/sequences, torch tensors) to a NumPy array.
 
     With no `dtype`, 64-bit ints and floats are downcast to 32 bits when `downcast` is true
     (Python ints become int32, floats float32). A memmap is returned as it is.
+
+    For a float8 `dtype` the result is uint8 codes: real-valued data is cast with
+    `popxl.fp8_utils.host_pow2scale_cast_to_fp8(x, dtype, log2_scale, nan_on_overflow)`
+    (defaults 0 and True); uint8 or float8-structured data is taken as codes already (then
+    `log2_scale` and `nan_on_overflow` must be None).
+
+    Raises:
+        RuntimeError: `log2_scale` or `nan_on_overflow` given for a non-float8 dtype.
     """
+    if dtype is not None and dtype in dtypes.FLOAT8_DTYPES:
+        return _to_float8_codes(x, dtype, copy, log2_scale, nan_on_overflow)
+    if log2_scale is not None or nan_on_overflow is not None:
+        raise RuntimeError(f"log2_scale and nan_on_overflow are only for float8 dtypes, got "
+                           f"dtype {dtype!r}")
     if isinstance(x, np.memmap):
         arr = x
     elif type(x).__module__.startswith("torch"):
@@ -27,13 +41,30 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     else:
         arr = np.array(x, copy=copy) if copy else np.asarray(x)
     if dtype is not None:
-        dtypes.check_not_float8(dtype, "to_numpy")
         want = dtype.as_numpy()
         if arr.dtype != want:
             arr = arr.astype(want)
     elif downcast and arr.dtype in _DOWNCAST:
         arr = arr.astype(_DOWNCAST[arr.dtype])
     return arr
+
+
+def _to_float8_codes(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Optional[int],
+                     nan_on_overflow: Optional[bool]) -> np.ndarray:
+    from .fp8_utils import host_pow2scale_cast_to_fp8
+
+    if isinstance(x, np.ndarray) and (x.dtype == np.uint8 or x.dtype.fields is not None):
+        if x.dtype.fields is not None and x.dtype != dtype.as_numpy():
+            raise TypeError(f"to_numpy: data of dtype {x.dtype} cannot be {dtype.name} data")
+        if log2_scale is not None or nan_on_overflow is not None:
+            raise ValueError(f"to_numpy: the data is {dtype.name} codes already ({x.dtype}); "
+                             f"log2_scale and nan_on_overflow apply only to real-valued data")
+        if isinstance(x, np.memmap) and x.dtype == np.uint8:
+            return x                # shared, as for every memmap
+        codes = x.view(np.uint8).reshape(x.shape)
+        return codes.copy() if copy else codes
+    return host_pow2scale_cast_to_fp8(x, dtype, 0 if log2_scale is None else log2_scale,
+                                      True if nan_on_overflow is None else nan_on_overflow)
 
 
 def table_to_string(rows: Sequence[Sequence[Any]], header: Optional[Sequence[str]] = None) -> str:

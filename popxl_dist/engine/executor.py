@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .._ir.records import IrData, TensorKind
+from ..dtypes import storage_numpy
 from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerError
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
@@ -63,7 +64,7 @@ def shard_of(value: np.ndarray, info, replica: int, size: int) -> np.ndarray:
     k = info.extra["shard_over"]
     flat = np.asarray(value).reshape(-1)
     j = i % k
-    out = np.zeros((size,), dtype=info.dtype.as_numpy())
+    out = np.zeros((size,), dtype=storage_numpy(info.dtype))
     part = flat[j * size:(j + 1) * size]
     out[:part.size] = part
     return out
@@ -103,7 +104,7 @@ class Worker:
             for bid, rec in ir.remote_buffers.items():
                 # Entries not tied to a variable start at zero (undefined upstream).
                 ctx.remote[bid] = np.zeros((rec["entries"], *rec["shape"]),
-                                           rec["dtype"].as_numpy())
+                                           storage_numpy(rec["dtype"]))
         self._single = len(self.ctxs) == 1
         # d2h streams a conditional may store fewer than num_host_transfers times: checked
         # after each run (the Session refuses programs that always store too few).
@@ -140,7 +141,8 @@ class Worker:
                     continue
                 cur = ctx.state[idx[tid]]
                 if cur is None or cur.shape != info.shape:
-                    ctx.state[idx[tid]] = np.array(src, dtype=info.dtype.as_numpy(), copy=True)
+                    ctx.state[idx[tid]] = np.array(src, dtype=storage_numpy(info.dtype),
+                                                   copy=True)
                 else:
                     cur[...] = src
 

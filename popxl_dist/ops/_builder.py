@@ -19,7 +19,7 @@ from ..tensor import Tensor, constant
 
 __all__ = ["Out", "add_op", "check_tensor", "check_in_graph", "check_same_dtype",
            "broadcast_shape", "normalize_axes", "as_tensor_like", "debug_location",
-           "check_float_tensors"]
+           "check_float_tensors", "check_no_float8", "FLOAT8_INPUT_OP_TYPES"]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LIB_DIRS = (os.path.join(_ROOT, "popxl_dist") + os.sep, os.path.join(_ROOT, "addons") + os.sep)
@@ -113,6 +113,30 @@ def as_tensor_like(x: Any, like: Tensor, opname: str, argname: str) -> Tensor:
                         f"got {x!r}") from e
 
 
+# Op types that may read float8 tensors: data movement (float8 values are uint8 codes, which
+# these copy exactly) and the float8 casts / pow2-scaled matmul and convolutions. The IPU has no
+# float8 arithmetic; any other op given float8 inputs raises at build time.
+FLOAT8_INPUT_OP_TYPES = frozenset({
+    "Reshape", "ReshapeInplace", "Transpose", "TransposeInplace", "Slice", "SliceInplace",
+    "Subsample", "Split", "Concat", "ConcatInplace", "Identity", "Detach", "DetachInplace",
+    "IpuCopy", "IoTileCopy", "HostLoad", "HostStore", "RemoteLoad", "RemoteStore",
+    "RemoteLoadInplace", "Call", "Loop", "If", "CopyVarUpdate", "DynamicSlice", "DynamicUpdate",
+    "DynamicUpdateInplace", "Gather", "SliceGrad", "SubsampleGrad", "CastThenPow2Scale",
+    "MatMul", "Conv", "ConvTranspose"})
+
+
+def check_no_float8(op_type: str, settings_name: str, inputs: Sequence[Tensor]) -> None:
+    """TypeError if an op type that computes gets float8 inputs."""
+    if op_type in FLOAT8_INPUT_OP_TYPES:
+        return
+    bad = [t for t in inputs if t.dtype in dtypes.FLOAT8_DTYPES]
+    if bad:
+        names = ", ".join(f"'{t.id}' {t.dtype.name}" for t in bad)
+        raise TypeError(f"{settings_name}: float8 inputs are not supported ({names}); float8 "
+                        f"tensors are cast with pow2scale_cast_from_fp8, multiplied with "
+                        f"matmul_pow2scaled / conv_pow2scaled, or moved and reshaped")
+
+
 def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: Sequence[Out],
            attrs: Optional[Dict[str, Any]] = None, called: Sequence[str] = (),
            graph: Optional[Graph] = None) -> List[Tensor]:
@@ -121,6 +145,7 @@ def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: 
     g.ir._check_not_frozen(f"{op_type} '{settings_name}'")
     for t in inputs:
         check_in_graph(g, t, settings_name)
+    check_no_float8(op_type, settings_name, inputs)
     ctx = get_current_context()
     ir_data = g.ir._data
     gd = g._data

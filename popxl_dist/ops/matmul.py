@@ -9,7 +9,7 @@ from .. import dtypes
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_same_dtype, check_tensor
 
-__all__ = ["matmul"]
+__all__ = ["matmul", "matmul_pow2scaled"]
 
 
 def _matmul_shape(lhs: Tensor, rhs: Tensor) -> Tuple[int, ...]:
@@ -45,7 +45,35 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
     check_tensor(lhs, "matmul", "lhs")
     check_tensor(rhs, "matmul", "rhs")
     d = check_same_dtype("matmul", lhs, rhs)
+    if d in dtypes.FLOAT8_DTYPES:
+        raise TypeError(f"matmul: '{lhs.id}' and '{rhs.id}' are {d.name}: use "
+                        f"matmul_pow2scaled for float8 operands")
     shape = _matmul_shape(lhs, rhs)
     out_d = dtypes.dtype.as_dtype(output_type) if output_type is not None else d
     return add_op("MatMul", "matmul", [lhs, rhs], [Out("matmul_out", shape, out_d)],
                   {"output_type": out_d.name})[0]
+
+
+def matmul_pow2scaled(lhs: Tensor, rhs: Tensor, log2_scale: Tensor,
+                      available_memory_proportion: Optional[float] = None) -> Tensor:
+    """`(lhs @ rhs) * 2^log2_scale` for float8 operands, as float16.
+
+    The product of the decoded (exact) values accumulates in float32, is scaled, and is
+    rounded once to float16 (the IPU also accumulates float8 products in higher precision).
+
+    Args:
+        lhs, rhs: float8 tensors (float8_143 and float8_152 may be mixed), `np.matmul` shapes.
+        log2_scale: an int32 scalar tensor (a Python int is accepted and made a constant).
+
+    Returns:
+        The float16 product (op type `MatMul` with 3 inputs).
+    """
+    from .float8 import check_float8, log2_scale_tensor
+
+    name = "matmul_pow2scaled"
+    check_float8(name, lhs, "lhs")
+    check_float8(name, rhs, "rhs")
+    shape = _matmul_shape(lhs, rhs)
+    s = log2_scale_tensor(name, log2_scale)
+    return add_op("MatMul", name, [lhs, rhs, s], [Out("matmul_out", shape, dtypes.float16)],
+                  {"output_type": dtypes.float16.name})[0]

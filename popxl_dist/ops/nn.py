@@ -214,21 +214,19 @@ def _resolve_pads(opname: str, in_sp, eff_k, stride, padding, pad_type: str,
     return pads, tuple(out)
 
 
-def conv(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
-         padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1), groups: int = 1,
-         pad_type: str = "not_set", available_memory_proportion=None, partials_types=None,
-         enable_conv_dithering=None) -> Tensor:
-    """ONNX Conv: `t` (N, C, *spatial) with `weight` (M, C/groups, *kernel), no bias.
-
-    `padding` is ONNX-style (begins..., ends...); `pad_type` "same_upper"/"same_lower"/"valid"
-    overrides it. The memory/partials/dithering options only tune the IPU and are ignored.
-    """
-    name = "conv"
+def check_float_operands(name: str, t: Tensor, weight: Tensor, float8_op: str) -> None:
+    """`t` and `weight` are tensors of one (non-float8) floating point dtype."""
     check_tensor(t, name, "t")
     check_tensor(weight, name, "weight")
     check_same_dtype(name, t, weight)
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"{name}: 't' '{t.id}' must be floating point, got {t.dtype.name}")
+    if not t.dtype.is_floating_point or t.dtype in dtypes.FLOAT8_DTYPES:
+        raise TypeError(f"{name}: 't' '{t.id}' must be floating point (float8: use "
+                        f"{float8_op}), got {t.dtype.name}")
+
+
+def conv_geometry(name: str, t: Tensor, weight: Tensor, stride, padding, dilation, groups,
+                  pad_type: str) -> Tuple[dict, Tuple[int, ...]]:
+    """(Conv attrs, output shape) of `t` (N, C, *spatial) with `weight` (M, C/groups, *k)."""
     n = t.rank - 2
     if n < 1 or weight.rank != t.rank:
         raise ValueError(f"{name}: need 't' (N, C, *spatial) and 'weight' (M, C/groups, *kernel) "
@@ -248,9 +246,24 @@ def conv(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
     kernel = weight.shape[2:]
     eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilation))
     pads, out_sp = _resolve_pads(name, t.shape[2:], eff, stride, padding, pad_type)
-    return add_op("Conv", name, [t, weight],
-                  [Out(f"{name}_out", (t.shape[0], weight.shape[0]) + out_sp, t.dtype)],
-                  {"strides": stride, "pads": pads, "dilations": dilation, "group": groups})[0]
+    attrs = {"strides": stride, "pads": pads, "dilations": dilation, "group": groups}
+    return attrs, (t.shape[0], weight.shape[0]) + out_sp
+
+
+def conv(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
+         padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1), groups: int = 1,
+         pad_type: str = "not_set", available_memory_proportion=None, partials_types=None,
+         enable_conv_dithering=None) -> Tensor:
+    """ONNX Conv: `t` (N, C, *spatial) with `weight` (M, C/groups, *kernel), no bias.
+
+    `padding` is ONNX-style (begins..., ends...); `pad_type` "same_upper"/"same_lower"/"valid"
+    overrides it. The memory/partials/dithering options only tune the IPU and are ignored.
+    float8 operands need `conv_pow2scaled`.
+    """
+    name = "conv"
+    check_float_operands(name, t, weight, "conv_pow2scaled")
+    attrs, shape = conv_geometry(name, t, weight, stride, padding, dilation, groups, pad_type)
+    return add_op("Conv", name, [t, weight], [Out(f"{name}_out", shape, t.dtype)], attrs)[0]
 
 
 def _pool(op_type: str, name: str, t: Tensor, kernel_size, stride, padding, out_pads, dilation,
@@ -264,19 +277,23 @@ def _pool(op_type: str, name: str, t: Tensor, kernel_size, stride, padding, out_
     kernel = _spatial_arg(name, "kernel_size", kernel_size, n, 1)
     stride = _spatial_arg(name, "stride", stride, n, 1)
     dilation = _spatial_arg(name, "dilation", dilation, n, 1)
-    if in_dilations is not None and any(d != 1 for d in in_dilations):
-        raise NotImplementedError(f"{name}: in_dilations other than 1 are not supported")
-    if out_pads is not None and any(p != 0 for p in out_pads):
-        raise NotImplementedError(f"{name}: out_pads other than 0 are not supported")
+    in_dil = _spatial_arg(name, "in_dilations", in_dilations, n, 1)
+    out_pads = _spatial_arg(name, "out_pads", out_pads, 2 * n, 0)
+    if min(in_dil) < 1 or min(out_pads) < 0:
+        raise ValueError(f"{name}: in_dilations {in_dil} must be >= 1 and out_pads {out_pads} "
+                         f">= 0")
     if min(kernel + stride + dilation) < 1:
         raise ValueError(f"{name}: kernel_size {kernel}, stride {stride} and dilation {dilation} "
                          f"must be >= 1")
     eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilation))
     pad_type = {"not_set": "not_set", "same_upper": "same_upper", "same_lower": "same_lower",
                 "valid": "valid"}.get(str(auto_pad).lower(), auto_pad)
-    pads, out_sp = _resolve_pads(name, t.shape[2:], eff, stride, padding, pad_type,
+    dilated = tuple(d * (s - 1) + 1 for d, s in zip(in_dil, t.shape[2:]))
+    pads, out_sp = _resolve_pads(name, dilated, eff, stride, padding, pad_type,
                                  bool(ceil_mode))
-    attrs = {"kernel_shape": kernel, "strides": stride, "pads": pads, "dilations": dilation}
+    out_sp = tuple(o + out_pads[i] + out_pads[n + i] for i, o in enumerate(out_sp))
+    attrs = {"kernel_shape": kernel, "strides": stride, "pads": pads, "dilations": dilation,
+             "in_dilations": in_dil, "out_pads": out_pads}
     attrs.update(extra)
     return add_op(op_type, name, [t], [Out(f"{name}_out", t.shape[:2] + out_sp, t.dtype)],
                   attrs)[0]
@@ -289,7 +306,14 @@ def average_pool(t: Tensor, kernel_size: Sequence[int], stride: Optional[Sequenc
                  in_dilations: Optional[Sequence[int]] = None, auto_pad: str = "not_set",
                  ceil_mode: bool = False) -> Tensor:
     """ONNX AveragePool over the spatial dims of `t` (N, C, *spatial); padded cells are not
-    counted in the average (count_include_pad=0)."""
+    counted in the average (count_include_pad=0).
+
+    `in_dilations` (one per spatial dim) and `out_pads` (begins..., ends...) follow poplin's
+    input and output transforms, which upstream maps them to: the input is first dilated by
+    inserting d-1 zero cells between neighbours (real cells: counted in the average, and
+    candidates of `max_pool`), and the pooled output is padded with zeros. (Upstream's
+    reference does not define them further; this is our definition.)
+    """
     return _pool("AveragePool", "average_pool", t, kernel_size, stride, padding, out_pads,
                  dilation, in_dilations, auto_pad, ceil_mode, {})
 
@@ -299,7 +323,8 @@ def max_pool(t: Tensor, kernel_size: Sequence[int], stride: Optional[Sequence[in
              dilation: Optional[Sequence[int]] = None,
              in_dilations: Optional[Sequence[int]] = None, auto_pad: str = "not_set",
              ceil_mode: bool = False, storage_order: str = "row") -> Tensor:
-    """ONNX MaxPool over the spatial dims of `t` (N, C, *spatial); padding never wins."""
+    """ONNX MaxPool over the spatial dims of `t` (N, C, *spatial); padding never wins.
+    `in_dilations` and `out_pads`: see `average_pool`."""
     if storage_order not in ("row", "column"):
         raise ValueError(f"max_pool: storage_order must be 'row' or 'column', got "
                          f"{storage_order!r}")

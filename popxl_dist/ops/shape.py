@@ -14,8 +14,8 @@ from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
 
 __all__ = ["squeeze", "slice", "slice_", "subsample", "split", "concat", "concat_", "gather",
-           "tied_gather", "groupedgather", "scatter", "scatter_reduce", "dynamic_slice",
-           "dynamic_update", "dynamic_update_", "onehot"]
+           "tied_gather", "groupedgather", "scatter", "scatter_reduce", "grouped_scatter_reduce",
+           "dynamic_slice", "dynamic_update", "dynamic_update_", "onehot"]
 
 INT_MAX = 2 ** 63 - 1
 INT_MIN = -(2 ** 63)
@@ -312,13 +312,43 @@ def scatter_reduce(data: Tensor, indices: Tensor, reduction: str,
     that receive data hold the extremum of that data only. `indices` has the shape of `data`,
     or (with `enable_index_broadcast`) broadcasts to it; a 1-D `indices` runs along `axis`.
     """
-    opname = "scatter_reduce"
+    return _scatter_reduce("scatter_reduce", data, indices, reduction, initial_values, axis,
+                           axis_size, 1, enable_index_broadcast)
+
+
+def grouped_scatter_reduce(data: Tensor, indices: Tensor, reduction: str,
+                           initial_values: Optional[Tensor] = None, axis: int = 0,
+                           axis_size: Optional[int] = None, group_size: int = 1,
+                           enable_index_broadcast: bool = True,
+                           available_memory_proportion: Optional[float] = None) -> Tensor:
+    """`scatter_reduce` done independently for `group_size` groups stacked on dim 0.
+
+    With `group_size` > 1, `data`, `indices` and `initial_values` lead with the group dim of
+    size `group_size`, and `axis` (a dim of `data`, not the group dim 0) is scattered within
+    each group. `indices` has the shape of `data`, or with `enable_index_broadcast`
+    broadcasts to it, is (group_size, data.shape[axis]) (one index list per group) or 1-D (the
+    same list for every group). `group_size` 1 is plain `scatter_reduce`.
+    """
+    return _scatter_reduce("grouped_scatter_reduce", data, indices, reduction, initial_values,
+                           axis, axis_size, group_size, enable_index_broadcast)
+
+
+def _scatter_reduce(opname: str, data: Tensor, indices: Tensor, reduction: str,
+                    initial_values: Optional[Tensor], axis: int, axis_size: Optional[int],
+                    group_size: int, enable_index_broadcast: bool) -> Tensor:
     check_tensor(data, opname, "data")
     _check_int_tensor(opname, indices, "indices")
     if reduction not in ("sum", "max", "min", "none"):
         raise ValueError(f"{opname}: reduction must be 'sum', 'max', 'min' or 'none', got "
                          f"{reduction!r}")
     ax = _axis(opname, data, axis)
+    if not _is_int(group_size) or group_size < 1:
+        raise ValueError(f"{opname}: group_size must be an int >= 1, got {group_size!r}")
+    grouped = group_size > 1
+    if grouped and (data.rank < 2 or data.shape[0] != group_size or ax == 0):
+        raise ValueError(f"{opname}: with group_size {group_size}, 'data' '{data.id}' "
+                         f"{data.shape} needs a leading group dim of that size and 'axis' "
+                         f"{axis} must not be the group dim 0")
     if initial_values is None and axis_size is None:
         raise ValueError(f"{opname}: give axis_size or initial_values")
     if initial_values is not None:
@@ -345,6 +375,8 @@ def scatter_reduce(data: Tensor, indices: Tensor, reduction: str,
         if enable_index_broadcast:
             if indices.rank == 1 and indices.shape[0] == data.shape[ax]:
                 ok = True
+            elif grouped and indices.shape == (group_size, data.shape[ax]):
+                ok = True
             elif indices.rank == data.rank:
                 try:
                     ok = np.broadcast_shapes(indices.shape, data.shape) == data.shape
@@ -355,10 +387,10 @@ def scatter_reduce(data: Tensor, indices: Tensor, reduction: str,
                              f"shape of 'data' '{data.id}' {data.shape}"
                              + (" or broadcast to it" if enable_index_broadcast else ""))
     ins = [data, indices] + ([initial_values] if initial_values is not None else [])
-    return add_op("ScatterReduce", "scatter_reduce", ins,
-                  [Out("scatter_reduce_out", shape, data.dtype)],
+    return add_op("ScatterReduce", opname, ins,
+                  [Out(f"{opname}_out", shape, data.dtype)],
                   {"axis": ax, "reduction": reduction, "axis_size": size,
-                   "has_initial": initial_values is not None})[0]
+                   "has_initial": initial_values is not None, "group_size": group_size})[0]
 
 
 # --- dynamic slice / update ---------------------------------------------------------------

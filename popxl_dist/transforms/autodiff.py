@@ -245,7 +245,9 @@ class _GradBuilder:
                                        f"be differentiated through")
                 rule = GRAD_RULES.get(op.type)
                 if rule is None:
-                    raise NotImplementedError(f"autodiff: no grad rule for op type '{op.type}' "
+                    what = ("a gradient op whose own gradient (second order) is not "
+                            "implemented" if op.type.endswith("Grad") else "no grad rule")
+                    raise NotImplementedError(f"autodiff: op type '{op.type}' has {what} "
                                               f"({op.describe()})")
                 dxs = rule(GradContext(self, op), dys)
                 if len(dxs) != len(op.inputs):

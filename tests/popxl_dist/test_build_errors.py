@@ -80,8 +80,28 @@ def test_graph_and_tensor_naming_and_reprs():
     assert popxl.dtype.as_dtype(np.int32) is popxl.int32
 
 
-def test_float8_raises_not_implemented():
+def test_float8_inputs_are_refused_by_computing_ops():
     ir = popxl.Ir()
     with ir.main_graph:
-        with pytest.raises(NotImplementedError, match="float8"):
-            popxl.variable(np.zeros(2), popxl.float8_143)
+        x = popxl.variable(np.ones(2), popxl.float8_143, "x")
+        with pytest.raises(TypeError, match="add: float8 inputs are not supported"):
+            ops.add(x, x)
+        with pytest.raises(TypeError, match="matmul_pow2scaled"):
+            ops.matmul(x, x)
+        assert ops.reshape(x, (1, 2)).dtype == popxl.float8_143
+
+
+def test_create_graph_keyword_after_a_defaulted_parameter():
+    """`gelu=True` given while `bias` keeps its default must reach `gelu`, not `bias`."""
+    seen = {}
+
+    def build(x, out_features, bias=True, gelu=False):
+        seen.update(out_features=out_features, bias=bias, gelu=gelu)
+        return ops.gelu(x) if gelu else x
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(build, popxl.TensorSpec((2,), popxl.float32), out_features=3,
+                            gelu=True)
+    assert seen == {"out_features": 3, "bias": True, "gelu": True}
+    assert [op.type for op in g._data.ops] == ["Gelu"]

@@ -5,12 +5,15 @@ from typing import Callable
 
 import numpy as np
 
+from ...dtypes import storage_numpy
+
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 
 
 def np_dtype(info) -> np.dtype:
-    return info.dtype.as_numpy()
+    """The NumPy dtype of a tensor's arrays (uint8 codes for float8)."""
+    return storage_numpy(info.dtype)
 
 
 def via_f32(fn: Callable, out_dtype: np.dtype) -> Callable:

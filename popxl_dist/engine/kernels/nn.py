@@ -246,30 +246,24 @@ def _conv_cols(win, x, g, calc):
     return cols.reshape(n, g, (c // g) * win.nk, -1)          # (N, g, C/g*K, P)
 
 
-@kernel("Conv")
-def _conv_kernel(attrs, ins, outs):
+def _conv_fn(attrs, x_shape, w_shape, out_shape, calc):
+    """fn(x, w) -> conv in `calc` (not rounded to the output dtype)."""
     g = int(attrs["group"])
-    dt = np_dtype(outs[0])
-    calc = _calc(dt)
-    win = _conv_geometry(attrs, ins[0].shape, ins[1].shape, outs[0].shape[2:])
-    m = ins[1].shape[0]
-    out_shape = outs[0].shape
+    win = _conv_geometry(attrs, x_shape, w_shape, out_shape[2:])
+    m = w_shape[0]
 
     def run(x, w):
         cols = _conv_cols(win, x, g, calc)
         wg = w.astype(calc, copy=False).reshape(g, m // g, -1)
-        return np.matmul(wg, cols).reshape(out_shape).astype(dt, copy=False)
+        return np.matmul(wg, cols).reshape(out_shape)
     return run
 
 
-@kernel("ConvDataGrad")
-def _conv_data_grad_kernel(attrs, ins, outs):
-    """ins (dy, w) -> dx."""
+def _conv_data_grad_fn(attrs, dy_shape, w_shape, x_shape, calc):
+    """fn(dy, w) -> the conv's input gradient of shape `x_shape` in `calc` (also ConvTranspose:
+    the transpose of a conv whose input is the output)."""
     g = int(attrs["group"])
-    dt = np_dtype(outs[0])
-    calc = _calc(dt)
-    x_shape, w_shape = outs[0].shape, ins[1].shape
-    win = _conv_geometry(attrs, x_shape, w_shape, ins[0].shape[2:])
+    win = _conv_geometry(attrs, x_shape, w_shape, dy_shape[2:])
     n, c, m = x_shape[0], x_shape[1], w_shape[0]
 
     def run(dy, w):
@@ -277,31 +271,83 @@ def _conv_data_grad_kernel(attrs, ins, outs):
         dyg = dy.astype(calc, copy=False).reshape(n, g, m // g, -1)
         dcols = np.matmul(wg.transpose(0, 2, 1), dyg)          # (N, g, C/g*K, P)
         dcols = dcols.reshape((n, g, c // g, win.nk) + win.out_sp)
-        return win.fold(dcols, 3).reshape(x_shape).astype(dt, copy=False)
+        return win.fold(dcols, 3).reshape(x_shape)
     return run
 
 
-@kernel("ConvWeightsGrad")
-def _conv_weights_grad_kernel(attrs, ins, outs):
-    """ins (dy, x) -> dw."""
+def _conv_weights_grad_fn(attrs, dy_shape, x_shape, w_shape, calc):
+    """fn(dy, x) -> the conv's weight gradient in `calc`."""
     g = int(attrs["group"])
-    dt = np_dtype(outs[0])
-    calc = _calc(dt)
-    x_shape, w_shape = ins[1].shape, outs[0].shape
-    win = _conv_geometry(attrs, x_shape, w_shape, ins[0].shape[2:])
+    win = _conv_geometry(attrs, x_shape, w_shape, dy_shape[2:])
     n, m = x_shape[0], w_shape[0]
 
     def run(dy, x):
         cols = _conv_cols(win, x, g, calc)
         dyg = dy.astype(calc, copy=False).reshape(n, g, m // g, -1)
         dw = np.matmul(dyg, cols.transpose(0, 1, 3, 2)).sum(axis=0)
-        return dw.reshape(w_shape).astype(dt, copy=False)
+        return dw.reshape(w_shape)
     return run
 
 
-def _pool_geometry(attrs, x_shape, out_sp):
-    return _Windows(x_shape, attrs["kernel_shape"], attrs["strides"], attrs["pads"],
-                    attrs["dilations"], out_sp)
+def _conv_family(op_type: str, make_fn, doc: str):
+    """Register the kernel of a conv-family op: `make_fn(attrs, in0 shape, in1 shape, out
+    shape, calc)` in float32 for float16 (rounded once); float8 operands with a log2_scale
+    third input are decoded, run in float32 and scaled by 2^log2_scale before rounding."""
+
+    def factory(attrs, ins, outs):
+        dt = np_dtype(outs[0])
+        fn = make_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, _calc(dt))
+        if len(ins) == 3:
+            from .float8 import pow2scaled
+
+            return pow2scaled(fn, ins, outs, op_type)
+        return lambda a, b: fn(a, b).astype(dt, copy=False)
+
+    factory.__doc__ = doc
+    kernel(op_type)(factory)
+
+
+_conv_family("Conv", _conv_fn, "ins (x, w[, log2_scale]) -> y.")
+_conv_family("ConvTranspose", _conv_data_grad_fn,
+             "ins (x (N, C, *in), w (C, M/group, *k)[, log2_scale]) -> y (N, M, *out): the "
+             "input gradient of the conv (N, M, *out) -> (N, C, *in) with weight w.")
+_conv_family("ConvDataGrad", _conv_data_grad_fn, "ins (dy, w) -> dx.")
+_conv_family("ConvWeightsGrad", _conv_weights_grad_fn, "ins (dy, x) -> dw.")
+
+
+class _Pooling:
+    """A pool op's geometry: the input dilated by `in_dilations` (inserted zero cells), the
+    window sweep over it, and the output padded by `out_pads` (zeros)."""
+
+    def __init__(self, attrs, x_shape, y_shape):
+        n = len(x_shape) - 2
+        self.in_dil = tuple(attrs.get("in_dilations") or (1,) * n)
+        op = tuple(attrs.get("out_pads") or (0,) * (2 * n))
+        self.dilated = tuple(x_shape[:2]) + tuple(
+            d * (s - 1) + 1 for d, s in zip(self.in_dil, x_shape[2:]))
+        self.keep = tuple(slice(None, None, d) for d in self.in_dil)
+        inner = tuple(o - op[i] - op[n + i] for i, o in enumerate(y_shape[2:]))
+        self.out_width = [(0, 0), (0, 0)] + [(op[i], op[n + i]) for i in range(n)]
+        self.out_crop = tuple(slice(op[i], op[i] + inner[i]) for i in range(n))
+        self.padded_out = any(op)
+        self.win = _Windows(self.dilated, attrs["kernel_shape"], attrs["strides"],
+                            attrs["pads"], attrs["dilations"], inner)
+
+    def dilate(self, x: np.ndarray) -> np.ndarray:
+        if x.shape == self.dilated:
+            return x
+        out = np.zeros(self.dilated, dtype=x.dtype)
+        out[(slice(None), slice(None)) + self.keep] = x
+        return out
+
+    def undilate(self, dx: np.ndarray) -> np.ndarray:
+        return dx[(slice(None), slice(None)) + self.keep]
+
+    def pad_out(self, y: np.ndarray) -> np.ndarray:
+        return np.pad(y, self.out_width) if self.padded_out else y
+
+    def crop_out(self, dy: np.ndarray) -> np.ndarray:
+        return dy[(slice(None), slice(None)) + self.out_crop] if self.padded_out else dy
 
 
 def _avg_counts(win, calc):
@@ -313,12 +359,13 @@ def _avg_counts(win, calc):
 def _avg_pool_kernel(attrs, ins, outs):
     dt = np_dtype(outs[0])
     calc = _calc(dt)
-    win = _pool_geometry(attrs, ins[0].shape, outs[0].shape[2:])
+    pool = _Pooling(attrs, ins[0].shape, outs[0].shape)
+    win = pool.win
     counts = _avg_counts(win, calc)
 
     def run(x):
-        s = win.cols(win.pad(x.astype(calc, copy=False)), 2).sum(axis=2)
-        return (s / counts).astype(dt, copy=False)
+        s = win.cols(win.pad(pool.dilate(x.astype(calc, copy=False))), 2).sum(axis=2)
+        return pool.pad_out(s / counts).astype(dt, copy=False)
     return run
 
 
@@ -327,23 +374,26 @@ def _avg_pool_grad_kernel(attrs, ins, outs):
     """ins (dy, x) -> dx."""
     dt = np_dtype(outs[0])
     calc = _calc(dt)
-    win = _pool_geometry(attrs, outs[0].shape, ins[0].shape[2:])
+    pool = _Pooling(attrs, outs[0].shape, ins[0].shape)
+    win = pool.win
     counts = _avg_counts(win, calc)
 
     def run(dy, x):
-        share = dy.astype(calc) / counts
+        share = pool.crop_out(dy).astype(calc) / counts
         dcols = np.broadcast_to(share[:, :, None], share.shape[:2] + (win.nk,) + win.out_sp)
-        return win.fold(dcols, 2).astype(dt, copy=False)
+        return pool.undilate(win.fold(dcols, 2)).astype(dt, copy=False)
     return run
 
 
 @kernel("MaxPool")
 def _max_pool_kernel(attrs, ins, outs):
     dt = np_dtype(outs[0])
-    win = _pool_geometry(attrs, ins[0].shape, outs[0].shape[2:])
+    pool = _Pooling(attrs, ins[0].shape, outs[0].shape)
+    win = pool.win
 
     def run(x):
-        return win.cols(win.pad(x, -np.inf), 2).max(axis=2).astype(dt, copy=False)
+        y = win.cols(win.pad(pool.dilate(x), -np.inf), 2).max(axis=2)
+        return pool.pad_out(y).astype(dt, copy=False)
     return run
 
 
@@ -352,13 +402,14 @@ def _max_pool_grad_kernel(attrs, ins, outs):
     """ins (dy, x) -> dx: each output's gradient goes to its (first) maximal input cell."""
     dt = np_dtype(outs[0])
     calc = _calc(dt)
-    win = _pool_geometry(attrs, outs[0].shape, ins[0].shape[2:])
+    pool = _Pooling(attrs, outs[0].shape, ins[0].shape)
+    win = pool.win
 
     def run(dy, x):
-        cols = win.cols(win.pad(x, -np.inf), 2)
+        cols = win.cols(win.pad(pool.dilate(x), -np.inf), 2)
         arg = cols.argmax(axis=2)
         onehot = np.arange(win.nk).reshape((1, 1, win.nk) + (1,) * len(win.out_sp)) \
             == arg[:, :, None]
-        dcols = onehot * dy.astype(calc)[:, :, None]
-        return win.fold(dcols, 2).astype(dt, copy=False)
+        dcols = onehot * pool.crop_out(dy).astype(calc)[:, :, None]
+        return pool.undilate(win.fold(dcols, 2)).astype(dt, copy=False)
     return run

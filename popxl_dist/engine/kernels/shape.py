@@ -166,11 +166,16 @@ def _scatter_values_grad(attrs, ins, outs):
     return lambda dy, idx: np.take_along_axis(dy, idx.astype(np.intp), axis=axis)
 
 
-def _full_indices(idx, data_shape, axis):
-    """Indices broadcast to the data shape (a 1-D index runs along `axis`)."""
+def _full_indices(idx, data_shape, axis, group_size=1):
+    """Indices broadcast to the data shape (a 1-D index runs along `axis`; with groups, a
+    (group_size, n) index runs along `axis` within each group)."""
     idx = idx.astype(np.intp, copy=False)
-    if idx.ndim == 1 and len(data_shape) != 1:
-        idx = idx.reshape((1,) * axis + idx.shape + (1,) * (len(data_shape) - axis - 1))
+    rank = len(data_shape)
+    if idx.ndim == 1 and rank != 1:
+        idx = idx.reshape((1,) * axis + idx.shape + (1,) * (rank - axis - 1))
+    elif group_size > 1 and idx.ndim == 2 and rank > 2:
+        idx = idx.reshape((idx.shape[0],) + (1,) * (axis - 1) + idx.shape[1:]
+                          + (1,) * (rank - axis - 1))
     return np.broadcast_to(idx, data_shape)
 
 
@@ -184,6 +189,7 @@ def _scatter_target(idx, axis):
 @kernel("ScatterReduce")
 def _scatter_reduce(attrs, ins, outs):
     axis, red = int(attrs["axis"]), attrs["reduction"]
+    groups = int(attrs.get("group_size", 1))
     has_init = bool(attrs.get("has_initial", False))
     shape, dt = outs[0].shape, np_dtype(outs[0])
     data_shape = ins[0].shape
@@ -191,7 +197,7 @@ def _scatter_reduce(attrs, ins, outs):
     ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}.get(red)
 
     def run(data, idx, *init):
-        target = _scatter_target(_full_indices(idx, data_shape, axis), axis)
+        target = _scatter_target(_full_indices(idx, data_shape, axis, groups), axis)
         out = init[0].astype(calc) if has_init else np.zeros(shape, calc)
         d = data.astype(calc, copy=False)
         if red == "none":
@@ -215,10 +221,11 @@ def _scatter_reduce_grad(attrs, ins, outs):
     """(dy, data, indices, out) -> d data: dy gathered at each element's target; for max/min
     only elements equal to the result get it (all ties)."""
     axis, red = int(attrs["axis"]), attrs["reduction"]
+    groups = int(attrs.get("group_size", 1))
     data_shape = outs[0].shape
 
     def run(dy, data, idx, out):
-        target = _scatter_target(_full_indices(idx, data_shape, axis), axis)
+        target = _scatter_target(_full_indices(idx, data_shape, axis, groups), axis)
         g = dy[target]
         if red in ("max", "min"):
             g = np.where(data == out[target], g, 0)
@@ -230,6 +237,7 @@ def _scatter_reduce_grad(attrs, ins, outs):
 def _scatter_reduce_init_grad(attrs, ins, outs):
     """(dy, initial_values, indices, out) -> d initial_values."""
     axis, red = int(attrs["axis"]), attrs["reduction"]
+    groups = int(attrs.get("group_size", 1))
     data_shape = tuple(attrs["data_shape"])
 
     def run(dy, init, idx, out):
@@ -238,7 +246,7 @@ def _scatter_reduce_init_grad(attrs, ins, outs):
         if red in ("max", "min"):
             return np.where(init == out, dy, 0).astype(dy.dtype)
         g = dy.copy()
-        g[_scatter_target(_full_indices(idx, data_shape, axis), axis)] = 0
+        g[_scatter_target(_full_indices(idx, data_shape, axis, groups), axis)] = 0
         return g
     return run
 

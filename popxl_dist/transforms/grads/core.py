@@ -60,8 +60,20 @@ def _swap_last(t: Tensor) -> Tensor:
 @grad_rule("MatMul")
 def _matmul_grad(g, dys) -> Grads:
     dy, = dys
-    a_info, b_info = g.in_info(0), g.in_info(1)
-    a_shape, b_shape = a_info.shape, b_info.shape
+    if g.num_inputs == 3:                     # matmul_pow2scaled: see grads/float8.py
+        from .float8 import matmul_pow2scaled_grad
+
+        return matmul_pow2scaled_grad(g, dy)
+    a_dtype = g.in_info(0).dtype
+    if dy.dtype != a_dtype:
+        dy = ops.cast(dy, a_dtype)
+    return matmul_operand_grads(g, dy, lambda: g.fwd_in(0), lambda: g.fwd_in(1))
+
+
+def matmul_operand_grads(g, dy: Tensor, lhs, rhs) -> Grads:
+    """[d lhs, d rhs] of `lhs() @ rhs()` (np.matmul shapes, batch broadcasting) for the output
+    gradient `dy`; `lhs` / `rhs` make the operands in the gradient graph when needed."""
+    a_shape, b_shape = g.in_info(0).shape, g.in_info(1).shape
     a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
     b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
     s = list(g.out_info(0).shape)
@@ -70,17 +82,15 @@ def _matmul_grad(g, dys) -> Grads:
     if len(a_shape) == 1:
         s.insert(len(s) - 1, 1)
     out2 = tuple(s)
-    if dy.dtype != a_info.dtype:
-        dy = ops.cast(dy, a_info.dtype)
     dy2 = ops.reshape(dy, out2) if dy.shape != out2 else dy
     da = db = None
     if g.needs(0):
-        b = g.fwd_in(1)
+        b = rhs()
         b = ops.reshape(b, b2) if b.shape != b2 else b
         da = g.unbroadcast(ops.matmul(dy2, _swap_last(b)), a2)
         da = ops.reshape(da, a_shape) if da.shape != a_shape else da
     if g.needs(1):
-        a = g.fwd_in(0)
+        a = lhs()
         a = ops.reshape(a, a2) if a.shape != a2 else a
         db = g.unbroadcast(ops.matmul(_swap_last(a), dy2), b2)
         db = ops.reshape(db, b_shape) if db.shape != b_shape else db

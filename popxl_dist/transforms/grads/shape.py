@@ -72,7 +72,7 @@ def _scatter_grad(g, dys) -> Grads:
 def _scatter_reduce_grad(g, dys) -> Grads:
     dy, idx, out = dys[0], g.fwd_in(1), g.fwd_out(0)
     attrs = {"axis": g.attrs["axis"], "reduction": g.attrs["reduction"],
-             "data_shape": g.in_info(0).shape}
+             "data_shape": g.in_info(0).shape, "group_size": g.attrs.get("group_size", 1)}
     res: Grads = [None, None]
     if g.needs(0):
         res[0] = grad_op("ScatterReduceGrad", [dy, g.fwd_in(0), idx, out], g.in_info(0), attrs)

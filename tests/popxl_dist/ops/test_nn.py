@@ -259,7 +259,20 @@ POOLS = [
     ("max_dilated", lambda t: ops.max_pool(t, (2, 2), stride=(1, 1), dilation=(2, 1))),
     ("avg", lambda t: ops.average_pool(t, (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))),
     ("avg_ceil", lambda t: ops.average_pool(t, (2, 2), stride=(2, 2), ceil_mode=True)),
+    ("max_in_dil_out_pads", lambda t: ops.max_pool(t, (2, 2), stride=(1, 2), padding=(1, 0, 0, 1),
+                                                   in_dilations=(2, 1), out_pads=(1, 0, 0, 2))),
+    ("avg_in_dil_out_pads", lambda t: ops.average_pool(t, (3, 2), stride=(2, 1),
+                                                       padding=(1, 1, 1, 1), in_dilations=(1, 3),
+                                                       out_pads=(0, 1, 2, 0))),
 ]
+
+
+def _dilate_zeros(x, dil):
+    """The input transform of in_dilations: d-1 zero cells between neighbours."""
+    shape = x.shape[:2] + tuple(d * (s - 1) + 1 for d, s in zip(dil, x.shape[2:]))
+    out = np.zeros(shape, x.dtype)
+    out[(slice(None), slice(None)) + tuple(slice(None, None, d) for d in dil)] = x
+    return out
 
 
 def _pool_torch(name, x):
@@ -272,6 +285,15 @@ def _pool_torch(name, x):
         return F.max_pool2d(t, (2, 2), stride=1, dilation=(2, 1)).numpy()
     if name == "avg":
         return F.avg_pool2d(t, 3, stride=2, padding=1, count_include_pad=False).numpy()
+    if name == "max_in_dil_out_pads":
+        # asymmetric padding: pad with -inf explicitly (padding never wins)
+        xp = F.pad(torch.tensor(_dilate_zeros(x, (2, 1))), (0, 1, 1, 0), value=-np.inf)
+        y = F.max_pool2d(xp, 2, stride=(1, 2)).numpy()
+        return np.pad(y, [(0, 0), (0, 0), (1, 0), (0, 2)])
+    if name == "avg_in_dil_out_pads":
+        y = F.avg_pool2d(torch.tensor(_dilate_zeros(x, (1, 3))), (3, 2), stride=(2, 1),
+                         padding=1, count_include_pad=False).numpy()
+        return np.pad(y, [(0, 0), (0, 0), (0, 2), (1, 0)])
     return F.avg_pool2d(t, 2, stride=2, ceil_mode=True).numpy()
 
 
@@ -308,8 +330,10 @@ def test_conv_pool_grads_match_finite_differences(name, build, shapes):
     (lambda x, w: ops.conv(x, w, pad_type="same"), ValueError, "pad type"),
     (lambda x, w: ops.conv(x, ops.reshape(w, (2, 3, 4, 1))), ValueError, "larger than"),
     (lambda x, w: ops.max_pool(x, (2,)), ValueError, "kernel_size"),
-    (lambda x, w: ops.average_pool(x, (2, 2), in_dilations=(2, 2)), NotImplementedError,
+    (lambda x, w: ops.average_pool(x, (2, 2), in_dilations=(0, 1)), ValueError,
      "in_dilations"),
+    (lambda x, w: ops.max_pool(x, (2, 2), out_pads=(1, 1)), ValueError,
+     "'out_pads' must have 4 entries"),
 ])
 def test_conv_pool_errors(build, err, match):
     ir = popxl.Ir()

@@ -1,5 +1,5 @@
-"""One process start per backend: the collective, tensor-parallel, remote-buffer and Session
-cases, failure scenarios and a short data-parallel MNIST run, all in one host script.
+"""One process start per backend: the collective, tensor-parallel, remote-buffer, float8 and
+Session cases, failure scenarios and a short data-parallel MNIST run, all in one host script.
 
     popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--gpt-losses PATH]
                                                        [--failures a,b]
@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import collective_cases  # noqa: E402
 import failure_cases  # noqa: E402
+import fp8_cases  # noqa: E402
 import remote_cases  # noqa: E402
 import session_cases  # noqa: E402
 import tp_cases  # noqa: E402
@@ -39,6 +40,7 @@ def main() -> int:
         failed += collective_cases.main() != 0
         failed += remote_cases.main() != 0
         failed += tp_cases.main() != 0
+        failed += fp8_cases.main() != 0
         failed += session_cases.main() != 0
     if ns.dp_weights:
         import mnist_data_parallel

@@ -16,6 +16,7 @@ import pytest
 
 import collective_cases
 import failure_cases
+import fp8_cases
 import remote_cases
 import tp_cases
 
@@ -100,6 +101,13 @@ def test_remote_cases_on_local_backend(monkeypatch, capsys, workers):
     if workers:
         monkeypatch.setenv("POPXL_WORKERS", workers)
     assert remote_cases.main() == 0, capsys.readouterr().out[-3000:]
+
+
+@pytest.mark.parametrize("workers", [None, "3"])
+def test_fp8_cases_on_local_backend(monkeypatch, capsys, workers):
+    if workers:
+        monkeypatch.setenv("POPXL_WORKERS", workers)
+    assert fp8_cases.main() == 0, capsys.readouterr().out[-3000:]
 
 
 @pytest.mark.parametrize("workers", [None, "2"])

@@ -1,0 +1,270 @@
+"""float8: the host casts bit for bit against an independent encoder written here (every code,
+every rounding midpoint and its neighbours, overflow, NaN, subnormals), and float8 variables,
+constants, streams and weights through a Session."""
+import math
+
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+from popxl.fp8_utils import (host_fp8_mse_scale, host_pow2scale_cast_from_fp8,
+                             host_pow2scale_cast_to_fp8)
+
+# name -> (exponent bits, mantissa bits, bias): Graphcore's formats, from the reference
+FORMATS = {"float8_143": (4, 3, 8), "float8_152": (5, 2, 16)}
+DTYPES = {"float8_143": popxl.float8_143, "float8_152": popxl.float8_152}
+
+
+# --- an independent reference: bit formula decode, brute-force nearest encode --------------
+def ref_values(name):
+    """Value of every code from the bit layout (NaN for 0x80, the only NaN)."""
+    e_bits, m_bits, bias = FORMATS[name]
+    vals = []
+    for code in range(256):
+        if code == 0x80:
+            vals.append(math.nan)
+            continue
+        e = (code >> m_bits) & ((1 << e_bits) - 1)
+        m = code & ((1 << m_bits) - 1)
+        v = m * 2.0 ** (1 - bias - m_bits) if e == 0 else (1 + m / 2 ** m_bits) * 2.0 ** (e - bias)
+        vals.append(-v if code & 0x80 else v)
+    return np.array(vals)
+
+
+def ref_encode(x, name, log2_scale=0, nan_on_overflow=True):
+    """Nearest code to x*2^s, ties to the even code; |x| at or beyond max + half the top
+    spacing overflows (to NaN or to +-max)."""
+    e_bits, m_bits, bias = FORMATS[name]
+    vals = ref_values(name)
+    codes = np.array([c for c in range(256) if c != 0x80])
+    cand = vals[codes]
+    top = 2.0 ** ((1 << e_bits) - 1 - bias - m_bits)      # spacing of the top binade
+    big = np.nanmax(vals)
+    out = []
+    for v in np.asarray(x, dtype=np.float64).reshape(-1):
+        v = math.ldexp(float(v), log2_scale) if math.isfinite(v) else float(v)
+        if math.isnan(v):
+            out.append(0x80)
+        elif abs(v) >= big + top / 2:
+            out.append(0x80 if nan_on_overflow else (0xFF if v < 0 else 0x7F))
+        else:
+            d = np.abs(cand - v)
+            best = np.flatnonzero(d == d.min())
+            out.append(int(min(codes[best], key=lambda c: (c & 1, c))))
+    return np.array(out, np.uint8).reshape(np.shape(x))
+
+
+def probe_values(name):
+    """Every value, every midpoint between neighbours and the nearest doubles around it,
+    overflow boundaries, infinities, NaN, signed zeros and random values."""
+    e_bits, m_bits, bias = FORMATS[name]
+    vals = ref_values(name)
+    pos = np.unique(vals[~np.isnan(vals) & (vals >= 0)])
+    top = 2.0 ** ((1 << e_bits) - 1 - bias - m_bits)
+    mids = (pos[:-1] + pos[1:]) / 2
+    edges = np.concatenate([mids, [pos[-1] + top / 2, pos[1] / 2, pos[1] / 4]])
+    near = np.concatenate([np.nextafter(edges, np.inf), np.nextafter(edges, -np.inf)])
+    rng = np.random.default_rng(0)
+    rand = np.exp(rng.uniform(np.log(pos[1] / 8), np.log(pos[-1] * 2), 300))
+    mags = np.concatenate([pos, edges, near, rand, [pos[-1] * 4, 1e30, np.inf]])
+    return np.concatenate([mags, -mags, [np.nan, -0.0]])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_decode_every_code(name):
+    codes = np.arange(256, dtype=np.uint8)
+    got = host_pow2scale_cast_from_fp8(codes, DTYPES[name])
+    want = ref_values(name)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want.astype(np.float32))     # NaN only at 0x80
+    assert np.nanmax(got) == {"float8_143": 240, "float8_152": 57344}[name]
+
+
+@pytest.mark.parametrize("nan_on_overflow", [True, False])
+@pytest.mark.parametrize("name", FORMATS)
+def test_encode_matches_reference_bit_for_bit(name, nan_on_overflow):
+    x = probe_values(name)
+    got = host_pow2scale_cast_to_fp8(x, DTYPES[name], 0, nan_on_overflow)
+    want = ref_encode(x, name, 0, nan_on_overflow)
+    assert got.dtype == np.uint8 and got.shape == x.shape
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, [(x[i], got[i], want[i]) for i in bad[:10]]
+
+
+@pytest.mark.parametrize("log2_scale", [-32, -7, 3, 31])
+@pytest.mark.parametrize("name", FORMATS)
+def test_encode_with_log2_scale(name, log2_scale):
+    # values placed so that x * 2^s probes the same boundaries
+    x = np.ldexp(probe_values(name), -log2_scale)
+    np.testing.assert_array_equal(host_pow2scale_cast_to_fp8(x, DTYPES[name], log2_scale),
+                                  ref_encode(x, name, log2_scale))
+
+
+@pytest.mark.parametrize("src", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("name", FORMATS)
+def test_encode_scalars_and_layouts(src, name):
+    """0-d values, ties included, and non-contiguous arrays encode like their elements."""
+    with np.errstate(over="ignore"):
+        x = probe_values(name).astype(src)           # float16: the largest become inf
+    want = ref_encode(x.astype(np.float64), name)
+    for i in range(0, x.size, 7):
+        assert host_pow2scale_cast_to_fp8(x[i], DTYPES[name]) == want[i], x[i]
+    strided = np.stack([x, x])[:, ::3].T
+    np.testing.assert_array_equal(host_pow2scale_cast_to_fp8(strided, DTYPES[name]),
+                                  np.stack([want, want])[:, ::3].T)
+
+
+@pytest.mark.parametrize("src", [np.float16, np.float32, np.float64, np.int32])
+def test_encode_input_dtypes_and_round_trip(src):
+    x = np.array([[0.5, -3.0], [20.0, 112.0]]).astype(src)
+    codes = host_pow2scale_cast_to_fp8(x, popxl.float8_152, 1)
+    np.testing.assert_array_equal(codes, ref_encode(x.astype(np.float64), "float8_152", 1))
+    back = host_pow2scale_cast_from_fp8(codes, popxl.float8_152, -1)
+    np.testing.assert_array_equal(back, x.astype(np.float32))       # all exactly representable
+
+
+def test_structured_float8_arrays_are_codes():
+    codes = host_pow2scale_cast_to_fp8([1.0, -2.0], popxl.float8_143)
+    structured = codes.view(popxl.dtypes.np_dtype_float8_143)
+    np.testing.assert_array_equal(host_pow2scale_cast_from_fp8(structured), [1.0, -2.0])
+    with pytest.raises(ValueError, match="float8_143 data but dtype"):
+        host_pow2scale_cast_from_fp8(structured, popxl.float8_152)
+    assert popxl.dtypes.np_dtype_float8_152 == np.dtype([("float8_152", "u1")])
+    assert popxl.float8_143.as_numpy() == popxl.dtypes.np_dtype_float8_143
+
+
+@pytest.mark.parametrize("call,err,match", [
+    (lambda: host_pow2scale_cast_to_fp8([1.0], popxl.float16), TypeError, "float8_143 or"),
+    (lambda: host_pow2scale_cast_to_fp8([1.0], log2_scale=32), ValueError, r"\[-32, 32\)"),
+    (lambda: host_pow2scale_cast_to_fp8([1.0], log2_scale=1.5), TypeError, "integer"),
+    (lambda: host_pow2scale_cast_to_fp8(np.zeros(2, np.uint8).view(
+        popxl.dtypes.np_dtype_float8_143)), TypeError, "real numbers"),
+    (lambda: host_pow2scale_cast_from_fp8(np.zeros(2, np.float32)), TypeError, "codes"),
+    (lambda: host_fp8_mse_scale(["a"]), TypeError, "real numbers"),
+])
+def test_host_cast_errors(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+def _mse(x, name, s):
+    q = host_pow2scale_cast_from_fp8(host_pow2scale_cast_to_fp8(x, DTYPES[name], s, False),
+                                     DTYPES[name], -s)
+    return float(np.sum((q.astype(np.float64) - x) ** 2))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("spread", [1e-3, 1.0, 3e4])
+def test_mse_scale_is_the_brute_force_minimum(name, spread):
+    x = np.random.default_rng(1).standard_t(3, size=500) * spread
+    errs = {s: _mse(x, name, s) for s in range(-31, 32)}
+    best = min(errs.values())
+    got = host_fp8_mse_scale(x, DTYPES[name])
+    assert errs[got] == best and got == min(s for s, e in errs.items() if e == best)
+    assert host_fp8_mse_scale(np.zeros(4)) == -31            # every scale ties: the smallest
+
+
+# --- float8 tensors through a Session ------------------------------------------------------
+def test_variables_and_constants_hold_codes():
+    x = np.array([[0.3, -7.0], [300.0, 1e-4]], np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(x, popxl.float8_143, "v", log2_scale=-1)
+        sat = popxl.variable(x, popxl.float8_143, "sat", nan_on_overflow=False)
+        codes = popxl.variable(host_pow2scale_cast_to_fp8(x, popxl.float8_152), popxl.float8_152,
+                               "codes")
+        c = popxl.constant(x, popxl.float8_152, "c", log2_scale=2)
+        out = ops.pow2scale_cast_from_fp8(c, -2, popxl.float32)
+        s = popxl.d2h_stream(out.shape, out.dtype, "s")
+        ops.host_store(s, out)
+    assert v.dtype == popxl.float8_143 and v.shape == (2, 2) and c.dtype == popxl.float8_152
+    with popxl.Session(ir, "ipu_hw") as sess:
+        res = sess.run()
+        got = sess.get_tensors_data([v, sat, codes])
+    np.testing.assert_array_equal(got[v], ref_encode(x, "float8_143", -1))
+    np.testing.assert_array_equal(got[sat], ref_encode(x, "float8_143", 0, False))
+    np.testing.assert_array_equal(got[codes], ref_encode(x, "float8_152"))
+    assert got[v].dtype == np.uint8
+    want = host_pow2scale_cast_from_fp8(ref_encode(x, "float8_152", 2), popxl.float8_152, -2)
+    np.testing.assert_array_equal(res[s], want)
+
+
+def test_float8_factory_errors():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        with pytest.raises(RuntimeError, match="variable: log2_scale and nan_on_overflow"):
+            popxl.variable(np.ones(2), popxl.float32, log2_scale=1)
+        with pytest.raises(RuntimeError, match="only for float8"):
+            popxl.constant(np.ones(2), nan_on_overflow=True)
+        with pytest.raises(ValueError, match="codes already"):
+            popxl.variable(np.ones(2, np.uint8), popxl.float8_143, log2_scale=1)
+        with pytest.raises(ValueError, match=r"\[-32, 32\)"):
+            popxl.variable(np.ones(2), popxl.float8_143, log2_scale=40)
+    assert popxl.utils.to_numpy(np.array([2.0]), popxl.float8_143, log2_scale=1).tolist() == \
+        ref_encode([4.0], "float8_143").tolist()
+
+
+def test_float8_streams_and_weight_writes():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.zeros((2, 3)), popxl.float8_143, "w")
+        s_in = popxl.h2d_stream((2, 3), popxl.float8_143, "x")
+        x = ops.host_load(s_in)
+        ops.var_updates.copy_var_update_(w, x)
+        s_out = popxl.d2h_stream((2, 3), popxl.float8_143, "y")
+        ops.host_store(s_out, x)
+    data = host_pow2scale_cast_to_fp8(np.arange(6.0).reshape(2, 3) - 2, popxl.float8_143)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        assert sess.create_host_outputs()[s_out].dtype == np.uint8
+        res = sess.run({s_in: data.view(popxl.dtypes.np_dtype_float8_143)})  # structured: codes
+        np.testing.assert_array_equal(res[s_out], data)
+        np.testing.assert_array_equal(sess.get_tensor_data(w), data)
+        with pytest.raises(TypeError, match="host_pow2scale_cast_to_fp8"):
+            sess.run({s_in: np.zeros((2, 3), np.float32)})
+        sess.write_variable_data(w, data[::-1].copy())
+        np.testing.assert_array_equal(sess.get_tensor_data(w), data[::-1])
+        with pytest.raises(TypeError, match="not a Python number"):
+            sess.write_variable_data(w, 1.0)
+        with pytest.raises(TypeError, match="uint8 codes"):
+            sess.write_variable_data(w, np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_replicated_float8_io_groups_remote_and_rts(replicas):
+    rng = np.random.default_rng(replicas)
+    groups = 2
+    ir = popxl.Ir()
+    ir.replication_factor = replicas
+    with ir.main_graph:
+        rg = ir.replica_grouping(group_size=replicas // groups)
+        gdata = rng.normal(size=(groups, 3)).astype(np.float32)
+        gv = popxl.variable(gdata, popxl.float8_152, "gv", replica_grouping=rg, log2_scale=2)
+        buf = popxl.remote_buffer((3,), popxl.float8_143)
+        rdata = rng.normal(size=3).astype(np.float32)
+        rv = popxl.remote_variable(rdata, buf, 0, popxl.float8_143, "rv")
+        rts_data = rng.normal(size=(5,)).astype(np.float32)
+        rts, shard = popxl.replica_sharded_variable(rts_data, popxl.float8_143, "rts")
+        s_in = popxl.h2d_stream((3,), popxl.float8_143, "x")
+        x = ops.host_load(s_in)
+        loaded = ops.remote_load(buf, 0)
+        y = ops.concat([ops.pow2scale_cast_from_fp8(t, 0, popxl.float32) for t in
+                        (x, loaded, ops.reshape(gv, (3,)))])
+        s_out = popxl.d2h_stream(y.shape, y.dtype, "y")
+        ops.host_store(s_out, y)
+        s8 = popxl.d2h_stream((3,), popxl.float8_143, "x8")
+        ops.host_store(s8, x)
+    per_replica = host_pow2scale_cast_to_fp8(rng.normal(size=(replicas, 3)), popxl.float8_143)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        res = sess.run({s_in: per_replica})
+        got = sess.get_tensors_data([gv, rv, rts])
+    dec = host_pow2scale_cast_from_fp8
+    gcodes = ref_encode(gdata, "float8_152", 2)
+    for r in range(replicas):
+        want = np.concatenate([dec(per_replica[r]), dec(ref_encode(rdata, "float8_143")),
+                               dec(gcodes[rg.assignment[r]], popxl.float8_152)])
+        np.testing.assert_array_equal(res[s_out][r], want)
+    np.testing.assert_array_equal(res[s8], per_replica)
+    np.testing.assert_array_equal(got[gv], gcodes)
+    np.testing.assert_array_equal(got[rv], ref_encode(rdata, "float8_143"))
+    np.testing.assert_array_equal(got[rts], ref_encode(rts_data, "float8_143"))
