@@ -75,6 +75,7 @@ class Session:
         self._device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
         check_op_to_identity_applied(ir._data)
+        check_store_counts(ir._data, stream_slots(ir._data)[1])
         ir._prepared = True
         data = ir._data
         main = data.main
@@ -82,7 +83,6 @@ class Session:
         self._host_weights: Dict[str, np.ndarray] = {
             t: _initial_host_value(i, data.replication_factor)
             for t, i in self._variables.items()}
-        check_store_counts(data, stream_slots(data)[1])
         self._runtime = create_runtime(data)
         weakref.finalize(self, self._runtime.close)
         _announce(device_desc, self._runtime.name, data.replication_factor,

@@ -3,6 +3,7 @@ no run returns a silently wrong answer: argument types, host-transfer counts, an
 downcast to the stream's dtype would change (int64 wrapping, float64 overflowing to inf)."""
 from __future__ import annotations
 
+from collections import abc
 from typing import Any, Mapping
 
 import numpy as np
@@ -19,9 +20,11 @@ _INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.i
 def as_stream_mapping(value: Any, what: str, kind: str) -> Mapping:
     """`value` as a `{stream: array}` mapping (None is empty); a TypeError naming the call for
     anything else (a list or a bare array is a common slip)."""
+    if type(value) is dict:
+        return value
     if value is None:
         return {}
-    if isinstance(value, Mapping):
+    if isinstance(value, abc.Mapping):
         return value
     example = "{x_stream: x_data}" if kind == "input" else "session.create_host_outputs()"
     raise TypeError(f"{what}: `{'inputs' if kind == 'input' else 'outputs'}` must be a mapping "

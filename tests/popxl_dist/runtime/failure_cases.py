@@ -30,7 +30,7 @@ import numpy as np
 
 import popxl
 import popxl.ops as ops
-from popxl.errors import CollectiveTimeout, EngineError, WorkerDied
+from popxl.errors import CollectiveTimeout, EngineError, SessionFailed, WorkerDied
 
 R = 2
 
@@ -118,6 +118,15 @@ def scenario_crash() -> None:
         print(f"crash reported after {took:.2f} s: {e}", flush=True)
     else:
         raise AssertionError("killing worker 1 raised nothing")
+    with sess:          # failed: runs raise naming the death; a reset cannot reach worker 1
+        for call, err in ((lambda: sess.run({xs: data, ix: idx}), SessionFailed),
+                          (sess.reset, WorkerDied)):
+            try:
+                call()
+            except err as e:
+                assert "worker" in str(e) and "died" in str(e), str(e)
+            else:
+                raise AssertionError(f"no {err.__name__} after the crash")
 
 
 def scenario_sleep() -> None:

@@ -96,7 +96,10 @@ def job():
         yield j
     finally:
         j.cleanup()
-    assert not any(os.path.exists(s) for s in j.segments), "the job's MPICH segment survived"
+        leaked = [s for s in j.segments if os.path.exists(s)]
+        for s in leaked:
+            os.unlink(s)
+    assert not leaked, f"the job's MPICH segment survived: {leaked}"
 
 
 def test_killed_host_ends_every_rank_and_popxl_run(job):
@@ -112,7 +115,7 @@ def test_killed_host_ends_every_rank_and_popxl_run(job):
     assert "the host (MPI rank 0" in out and "died" in out, out[-2000:]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_signal_to_popxl_run_ends_the_whole_job(job, sig):
     os.kill(job.proc.pid, sig)
     t0 = time.monotonic()
