@@ -119,7 +119,7 @@ class Watchdog:
             yield
         finally:
             with self._lock:
-                if self._raised:     # not delivered yet: withdraw it (`found` still tells)
+                if self._raised:     # if not delivered yet, withdraw it (`found` still tells)
                     _set_async_exc(ctypes.c_ulong(self._armed), None)
                 self._armed = None
 
@@ -128,7 +128,10 @@ class Watchdog:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
-            exc = self._check()
+            try:
+                exc = self._check()
+            except Exception:  # noqa: BLE001 - a failed check must not end the watching
+                continue
             if exc is None or self.found is not None:
                 continue
             with self._lock:

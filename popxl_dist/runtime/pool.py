@@ -27,12 +27,11 @@ class WorkerPool:
     closed = False      # set when the pool shuts down; sessions closing later do nothing
     _sids = itertools.count(1)
     _runs = itertools.count(1)
+    _busy = 0           # calls in progress (a Session collected during one closes after it)
+    _closing: List[int] = []
 
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
         raise NotImplementedError
-
-    _busy = 0                # calls in progress (a Session collected during one closes later)
-    _closing: List[int] = []
 
     def session_call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
         """`call`, after closing the Sessions collected while another call was running."""

@@ -22,6 +22,7 @@ _STUCK_GRACE = 0.25    # seconds a released worker thread gets to return after a
 
 class ThreadPool(WorkerPool):
     name = "local"
+    broken: Optional[str] = None     # set when the pool is retired
 
     def __init__(self, size: int):
         self.size = size
@@ -40,8 +41,6 @@ class ThreadPool(WorkerPool):
     def close_session(self, sid: int) -> None:
         for service in self.services:
             service.sessions.pop(sid, None)
-
-    broken: Optional[str] = None
 
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
         if self.broken:
@@ -79,7 +78,6 @@ class ThreadPool(WorkerPool):
             real = [e for e in failures if not isinstance(e, RunAborted)]
             raise (real or failures)[0]
         return [first] + [f.result() for f in futures]
-
 
     def _wait(self, futures, failures: List[BaseException]) -> None:
         """Wait for every worker thread, except after a collective timed out: a thread that

@@ -59,7 +59,7 @@ def test_another_ir_can_still_be_built():
 
 
 # --- host transfers (reference §2) --------------------------------------------------------
-def _transfer_program(n, loads_per_iter=1, stores_per_run=None, store_in_repeat=True):
+def _transfer_program(n, loads_per_iter=1, store_in_repeat=True):
     """`n` transfers; a repeat of `n` iterations loads x `loads_per_iter` times each and stores
     their sum (or stores once after the repeat)."""
     ir = popxl.Ir()
