@@ -184,6 +184,7 @@ def scenario_crash_long() -> None:
         os.kill(_worker_pid(1), signal.SIGKILL)
 
     with popxl.Session(ir, "ipu_hw") as sess:
+        print(f"job segments={_job_segments()}", flush=True)
         timer = threading.Timer(1.0, kill)
         timer.start()
         try:
@@ -209,6 +210,7 @@ def scenario_stall() -> None:
     timeout = float(os.environ["POPXL_COLLECTIVE_TIMEOUT"])
     data = np.ones((R, 4), np.float32)
     with popxl.Session(ir, "ipu_hw") as sess:
+        print(f"job segments={_job_segments()}", flush=True)
         sess.run({xs: data})
         os.kill(_worker_pid(1), signal.SIGSTOP)
         t0 = time.monotonic()

@@ -129,7 +129,8 @@ def test_signal_to_popxl_run_ends_the_whole_job(job, sig):
 
 def run_marked(scenario: str, **extra_env: str):
     """Run one failure scenario under `popxl-run --backend mpi --workers 2`, marked; returns
-    (the completed process, seconds until no process of the job was left)."""
+    (the completed process, seconds until no process of the job was left), after checking
+    that its MPICH segment is gone."""
     tag = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}
     env.update(extra_env, **{MARKER: tag})
@@ -138,7 +139,15 @@ def run_marked(scenario: str, **extra_env: str):
                           "2", FAILURES, scenario], capture_output=True, text=True, timeout=120,
                          env=env, cwd=ROOT)
     assert wait_until(lambda: not job_processes(tag)), "a process of the job survived"
-    return res, time.monotonic() - t0
+    took = time.monotonic() - t0
+    segments = [s for line in res.stdout.splitlines() if line.startswith("job segments=")
+                for s in line.split("=", 1)[1].split(",") if s]
+    assert segments, res.stdout[-2000:]
+    leaked = [s for s in segments if os.path.exists(s)]
+    for s in leaked:
+        os.unlink(s)
+    assert not leaked, f"the job's MPICH segment survived: {leaked}"
+    return res, took
 
 
 def test_worker_killed_in_a_long_loop_is_reported_within_two_seconds():
