@@ -7,7 +7,8 @@ Scenarios (each prints `ok <scenario> <seconds>` or `FAIL <scenario>: <details>`
   diverge   a conditional runs an all-reduce on replica 0 only: the host gets an exception saying
             the replicas diverged, instead of a hang.
   crash     the process of worker 1 is killed during a session (mpi / ray only): the host gets
-            WorkerDied naming worker 1 within 10 s.
+            WorkerDied naming worker 1 within 10 s; the Session then refuses runs
+            (SessionFailed) and cannot be reset (WorkerDied).
   sleep     a long run (for Ctrl-C tests): prints `running` and runs a long program.
   long      like sleep, with no collective for the whole loop; prints
             `running host=PID workers=PID,... segments=PATH,...` (the MPI job's shared memory).
@@ -16,6 +17,7 @@ Scenarios (each prints `ok <scenario> <seconds>` or `FAIL <scenario>: <details>`
   stall     worker 1 is stopped (SIGSTOP, mpi / ray) before a collective: CollectiveTimeout
             naming the op, the replicas and worker 1 at POPXL_COLLECTIVE_TIMEOUT (run with a
             few seconds), not later.
+  (crash_long and stall also print `job segments=PATH,...`.)
 Exit status: number of failed scenarios.
 """
 from __future__ import annotations
