@@ -147,7 +147,7 @@ class TrainProgram:
         self.variables = variables
         self.optimiser_state = optimiser_state
         self.accumulation = accumulation
-        self.replicas = replicas
+        self.replicas = replicas          # the replicas this process feeds (its instance's)
         self.micro_batch = micro_batch
 
     @property
@@ -161,13 +161,14 @@ class TrainProgram:
         return lead + tuple(shape)
 
 
-def build_train_program(replicas: int = 2, accumulation: int = 4, micro_batch: int = 8,
+def build_train_program(replicas: int | str = 2, accumulation: int = 4, micro_batch: int = 8,
                         lr: float = 1e-3, seed: int = 42,
                         retrieval_mode: str = "one_per_group") -> TrainProgram:
     """Build the data-parallel training program and its Session (not yet attached).
 
     Args:
-        replicas: replication factor R.
+        replicas: replication factor R, or "popdist" (the launcher's instances: the
+            program's `replicas` is then this instance's share).
         accumulation: micro batches accumulated per optimiser step (= num_host_transfers).
         micro_batch: images per replica per micro batch.
         lr: Adam learning rate.
@@ -202,7 +203,7 @@ def build_train_program(replicas: int = 2, accumulation: int = 4, micro_batch: i
 
             # Data parallelism: every replica gets the mean gradient over all replicas.
             grads = variables.to_mapping(accums.accum)
-            if replicas > 1:
+            if ir.replication_factor > 1:
                 for g in grads.values():
                     ops.collectives.replicated_all_reduce_(g, op="mean")
 
@@ -217,7 +218,7 @@ def build_train_program(replicas: int = 2, accumulation: int = 4, micro_batch: i
     ir.num_host_transfers = accumulation
     session = popxl.Session(ir, "ipu_hw")
     return TrainProgram(session, [img_stream, label_stream], loss_stream, variables,
-                        adam_state, accumulation, replicas, micro_batch)
+                        adam_state, accumulation, ir.instance_replication_factor, micro_batch)
 
 
 def train_batches(images: np.ndarray, labels: np.ndarray, program: TrainProgram, epoch: int,

@@ -1,8 +1,14 @@
 """`popxl-run [--backend local|mpi|ray] [--workers W] script.py [args...]`
+`popxl-run --backend mpi|ray --instances N [--replicas R] script.py [args...]`
 
 Runs an unchanged PopXL script with its replicas placed by the chosen backend: it sets
 `POPXL_BACKEND` / `POPXL_WORKERS` and runs the script (under `mpiexec -n W` for mpi). The exit
 code is the script's. (Config-driven jobs, `popxl-run configs/x.yaml`, are a later issue.)
+
+With `--instances N` the script runs N times instead, as popdist instances (like `poprun`): MPI
+ranks or Ray actors, each with its share of the R global replicas (default R = N) for
+`Ir(replication="popdist")`; output lines are prefixed `[instance N] `; the exit code is the
+first failing instance's.
 """
 from __future__ import annotations
 
@@ -85,9 +91,46 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None,
                    help="number of workers (processes / actors / threads); default 1 for local, "
                         "2 for mpi and ray")
+    p.add_argument("--instances", type=int, default=None,
+                   help="run the script as this many popdist instances (mpi or ray)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="global replicas of the instances (default: one per instance)")
     p.add_argument("target", help="the Python script to run unchanged")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return p
+
+
+def _run_instances(ns: argparse.Namespace) -> int:
+    """`--instances N [--replicas R]`: the script as N popdist instances."""
+    n = ns.instances if ns.instances is not None else 1
+    replicas = ns.replicas if ns.replicas is not None else n
+    problem = ("--workers does not apply to --instances (each instance holds its replicas "
+               "in-process)" if ns.workers is not None else
+               f"--instances needs --backend mpi or ray, got {ns.backend}"
+               if ns.backend == "local" else
+               f"--instances must be >= 1, got {n}" if n < 1 else
+               f"--replicas must be >= 1, got {replicas}" if replicas < 1 else
+               f"--replicas {replicas} is not divisible by --instances {n}"
+               if replicas % n else "")
+    if problem:
+        print(f"popxl-run: {problem}", file=sys.stderr)
+        return 2
+    if not os.path.isfile(ns.target):
+        print(f"popxl-run: no such script: {ns.target}", file=sys.stderr)
+        return 2
+    from .instances import handle_ctrl_c
+
+    handle_ctrl_c()
+    if ns.backend == "ray":
+        from .ray_instances import run_ray_instances
+
+        return run_ray_instances(n, replicas, ns.target, ns.args)
+    from .instances import InstanceLaunch, run_mpi_instances
+    from .output import POPXL_RUN_PREFIX
+
+    launch = InstanceLaunch(num_instances=n, num_replicas=replicas, prefix=POPXL_RUN_PREFIX,
+                            prog="popxl-run")
+    return run_mpi_instances(launch, [sys.executable, ns.target, *ns.args])
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -96,6 +139,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("popxl-run: config-driven jobs are not implemented yet; pass a Python script",
               file=sys.stderr)
         return 2
+    if ns.instances is not None or ns.replicas is not None:
+        return _run_instances(ns)
     workers = ns.workers if ns.workers is not None else (1 if ns.backend == "local" else 2)
     if workers < 1:
         print(f"popxl-run: --workers must be >= 1, got {workers}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""popxl-dist's `popdist`: the PopDist API that PopXL programs call to learn which instance they are.
+"""popxl-dist's `popdist`: the PopDist API that PopXL programs call to learn which instance they
+are.
 
 Graphcore's `poprun` starts one process per instance and exports `POPDIST_*` variables; upstream's
 `popdist` reads them. This emulator module does the same, and also understands a plain
@@ -8,7 +9,8 @@ multi-instance. The launcher's own single-controller ranks (`popxl-run --backend
 instances: there the script runs once and `isPopdistEnvSet()` is False.
 
 The MPI world is read from the launcher's environment (MPICH/hydra `PMI_RANK`/`PMI_SIZE`, Open MPI
-`OMPI_COMM_WORLD_*`), so importing this module never initialises MPI.
+`OMPI_COMM_WORLD_*`), so importing this module never initialises MPI. popxl-dist's launchers also
+export `POPDIST_NUM_INSTANCES` and `POPDIST_INSTANCE_INDEX` (Ray instances have no MPI world).
 """
 from __future__ import annotations
 

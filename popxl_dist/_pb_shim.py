@@ -12,6 +12,10 @@ class SessionOptions:
     def __init__(self) -> None:
         self.numIOTiles = 0
         self.globalReplicaOffset = 0
+        self.globalReplicationFactor = 1
+        self.replicatedGraphCount = 1
+        self.enableReplicatedGraphs = False
+        self.enableDistributedReplicatedGraphs = False
         self.enableExplicitMainLoops = True
         self.useHostCopyOps = True
         self.partialsTypeMatMuls = "float"

@@ -1,7 +1,7 @@
 """Exceptions of the popxl API."""
 
-__all__ = ["UndefinedValue", "EngineError", "WorkerError", "WorkerDied", "CollectiveTimeout",
-           "SessionFailed", "RunAborted"]
+__all__ = ["UndefinedValue", "EngineError", "WorkerError", "WorkerDied", "InstanceFailed",
+           "CollectiveTimeout", "SessionFailed", "RunAborted"]
 
 
 class UndefinedValue(ValueError):
@@ -18,6 +18,14 @@ class WorkerError(EngineError):
 
 class WorkerDied(WorkerError):
     """A worker process died; the pool that held it cannot be used again."""
+
+
+class InstanceFailed(WorkerError):
+    """Another popdist instance failed (raised, exited or died); `instance` is its index."""
+
+    def __init__(self, message: str, instance: int = -1):
+        super().__init__(message)
+        self.instance = instance
 
 
 class CollectiveTimeout(WorkerError):

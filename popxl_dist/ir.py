@@ -16,7 +16,9 @@ class Ir:
     """A PopXL program: a main graph, subgraphs, streams and replication settings.
 
     Args:
-        replication: the replication factor, or "popdist" to take it from the launcher.
+        replication: the replication factor, or "popdist" to take it from the launcher
+            (poprun, `mpirun -n N`, `popxl-run --instances N`): `replication_factor` is then the
+            global count and `instance_replication_factor` this process's share.
     """
 
     def __init__(self, replication: Union[int, str] = 1):
@@ -27,9 +29,16 @@ class Ir:
         self._session_options = None
         self._streams: Dict[str, Any] = {}
         if replication == "popdist":
-            from .popdist_env import global_replication_factor
+            from .popdist_env import placement_from_popdist
 
-            replication = global_replication_factor()
+            placement = placement_from_popdist(self._pb_ir.getSessionOptions())
+            self._data.replication_factor = placement.total
+            if placement.multi:
+                from .runtime.instance_group import install_failure_hooks
+
+                self._data.instance = placement
+                install_failure_hooks()
+            return
         self.replication_factor = replication
 
     # --- graphs ------------------------------------------------------------------------
@@ -97,15 +106,19 @@ class Ir:
         if self._prepared:
             raise RuntimeError("replication_factor cannot change after a Session has prepared "
                                "the Ir")
+        if self._data.instance is not None and r != self._data.replication_factor:
+            raise ValueError(f"replication_factor of an Ir(replication='popdist') is the "
+                             f"launcher's global count ({self._data.replication_factor}); "
+                             f"got {r!r}")
         if not isinstance(r, int) or isinstance(r, bool) or r < 1:
             raise ValueError(f"replication_factor must be a positive int, got {r!r}")
         self._data.replication_factor = r
 
     @property
     def instance_replication_factor(self) -> int:
-        from .popdist_env import local_replication_factor
-
-        return local_replication_factor(self.replication_factor)
+        """The replicas this process holds (the global count unless a popdist instance)."""
+        placement = self._data.instance
+        return self.replication_factor if placement is None else placement.local
 
     def replica_grouping(self, stride: int = 1, group_size: Optional[int] = None):
         """A constant-stride grouping of this Ir's replicas (default: one group of all)."""

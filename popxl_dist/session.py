@@ -190,7 +190,9 @@ class Session:
         else:
             raise ValueError(
                 f"Session.run: {kind} stream '{stream.tensor_id}' expects an array of shape "
-                f"{full} (num_host_transfers={n}, replicas={r}, stream shape {shape}), "
+                f"{full} (num_host_transfers={n}, replicas={r}"
+                f"{' of this popdist instance' if self._ir._data.instance else ''}, "
+                f"stream shape {shape}), "
                 f"got shape {arr.shape}")
         return arr.reshape((t, r) + shape)
 

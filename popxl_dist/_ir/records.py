@@ -144,6 +144,8 @@ class IrData:
         self.next_remote_buffer_id = 1
         self.replication_factor = 1
         self.num_host_transfers = 1
+        # `Ir(replication="popdist")`: this process's InstancePlacement (None otherwise)
+        self.instance = None
         # remote buffer id -> (shape, dtype, entries, meta_shape)
         self.remote_buffers: Dict[int, Dict[str, Any]] = {}
 

@@ -285,13 +285,10 @@ class Worker:
         layout = self.comm.layout
         silent = ", ".join(f"worker {w} ({_replica_span(layout.replicas_of(w))})"
                            for w in exc.workers)
-        timeout = getattr(exc, "timeout", None)
-        after = f" after {timeout:g} s" if timeout is not None else ""
         err = CollectiveTimeout(
-            f"{op.describe()}: collective timed out{after} (POPXL_COLLECTIVE_TIMEOUT) on "
-            f"{_replica_span(self.replicas)} (worker {self.comm.worker}), "
-            f"waiting for {silent or 'its peers'}, which sent nothing: stopped, hung, or far "
-            f"slower than the others")
+            f"{op.describe()}: collective timed out on {_replica_span(self.replicas)} (worker "
+            f"{self.comm.worker}) waiting for {silent or 'its peers'}, which sent nothing "
+            f"(stopped, hung, or far slower than the others): {exc}")
         err.op, err.replicas, err.workers = op, tuple(self.replicas), tuple(exc.workers)
         return err
 
