@@ -209,7 +209,9 @@ def scenario_stall() -> None:
         y = ops.collectives.replicated_all_reduce(ops.host_load(xs, "x"))
         ys = popxl.d2h_stream(y.shape, popxl.float32, "y")
         ops.host_store(ys, y)
-    timeout = float(os.environ["POPXL_COLLECTIVE_TIMEOUT"])
+    from popxl.runtime.env import collective_timeout
+
+    timeout = collective_timeout()
     data = np.ones((R, 4), np.float32)
     with popxl.Session(ir, "ipu_hw") as sess:
         print(f"job segments={_job_segments()}", flush=True)
