@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from popxl_launch import supervise
+from procs import marked_processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -32,18 +33,7 @@ time.sleep(120)
 
 
 def _marked(tag: str) -> list:
-    want = f"SUPERVISE_TEST={tag}".encode()
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if want in f.read().split(b"\0"):
-                    with open(f"/proc/{name}/stat") as st:
-                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(name))
-        except OSError:
-            pass
-    return found
+    return marked_processes("SUPERVISE_TEST", tag)
 
 
 def _start(ignore_term: bool):

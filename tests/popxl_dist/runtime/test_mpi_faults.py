@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from procs import marked_processes
 from test_backends import FAILURES, HAVE_MPI, ROOT, wait_until
 
 pytestmark = pytest.mark.skipif(not HAVE_MPI, reason="mpi4py / mpich not installed")
@@ -22,22 +23,9 @@ MARKER = "POPXL_TEST_JOB"
 
 
 def job_processes(tag: str) -> list:
-    """Pids of the processes whose environment carries `MARKER=tag` (the job's processes:
-    popxl-run, mpiexec, hydra's proxy, the rank shells and the ranks)."""
-    want = f"{MARKER}={tag}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if want in f.read().split(b"\0"):
-                    with open(f"/proc/{name}/stat") as st:
-                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(name))
-        except OSError:
-            continue
-    return found
+    """Pids of the job's processes (popxl-run, mpiexec, hydra's proxy, the rank shells and the
+    ranks: they all inherit `MARKER=tag`)."""
+    return marked_processes(MARKER, tag)
 
 
 class Job:
