@@ -108,6 +108,14 @@ class MicroBatchStep(addons.Module):
         self.bwd_graph.bind(accums).call(dlogits, args=activations)
 
 
+def reset_accumulators(accums: addons.NamedTensors) -> None:
+    """Restart the running means of `autodiff_with_accumulation`'s accumulators: with the
+    counter at 0 the next accumulation overwrites them; zeroing them as well keeps them tidy."""
+    ops.var_updates.accumulator_scale_(accums.mean_accum_counter, 0.0)
+    for g in accums.accum.to_dict().values():
+        ops.var_updates.accumulator_scale_(g, 0.0)
+
+
 def init_variables(facts: addons.NamedVariableFactories,
                    retrieval_mode: str = "one_per_group") -> addons.NamedTensors:
     """`facts.init()` (same order, same draws) with a chosen retrieval mode: "all_replicas"
@@ -209,11 +217,7 @@ def build_train_program(replicas: int | str = 2, accumulation: int = 4, micro_ba
 
             adam_state = optimiser_step(variables, grads, AdamOptimizerStep(cache=True), lr)
 
-            # Restart the running means: with the counter at 0 the next accumulation
-            # overwrites the accumulators; zeroing them as well keeps their values tidy.
-            ops.var_updates.accumulator_scale_(accums.mean_accum_counter, 0.0)
-            for g in grads.values():
-                ops.var_updates.accumulator_scale_(g, 0.0)
+            reset_accumulators(accums)
 
     ir.num_host_transfers = accumulation
     session = popxl.Session(ir, "ipu_hw")
@@ -332,6 +336,26 @@ def parse_checked(p: argparse.ArgumentParser, argv, positive=()) -> argparse.Nam
     return args
 
 
+def finish(program: TrainProgram, args: argparse.Namespace, t0: float,
+           after_training=None) -> int:
+    """The end of every MNIST example's `main`: train, (`after_training()`), save the weights
+    (`--save-weights`), evaluate on the test set, print the accuracy and the times."""
+    t_train = time.perf_counter()
+    losses = train(program, args.epochs, args.limit, progress=not args.no_progress)
+    t_train = time.perf_counter() - t_train
+    if after_training is not None:
+        after_training()
+    weights = trained_weights(program)
+    if args.save_weights:
+        np.savez(args.save_weights, **weights)
+    acc = test(weights, args.test_batch_size, args.test_batches, progress=not args.no_progress)
+    print(f"Accuracy on test set: {acc:0.2f}%")
+    print(f"Training time: {t_train:0.1f} s ({1000 * t_train / max(len(losses), 1):0.0f} ms "
+          f"per step)")
+    print(f"Total time: {time.perf_counter() - t0:0.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = training_parser(__doc__.splitlines()[0], replicas=2)
     args = parse_checked(p, argv)
@@ -341,14 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                                   args.seed)
     print(f"Training: {args.replicas} replicas x {args.accumulation} accumulation steps x "
           f"micro batch {args.micro_batch} = {program.global_batch} images per step")
-    train(program, args.epochs, args.limit, progress=not args.no_progress)
-    weights = trained_weights(program)
-    if args.save_weights:
-        np.savez(args.save_weights, **weights)
-    acc = test(weights, args.test_batch_size, args.test_batches, progress=not args.no_progress)
-    print(f"Accuracy on test set: {acc:0.2f}%")
-    print(f"Total time: {time.perf_counter() - t0:0.1f} s")
-    return 0
+    return finish(program, args, t0)
 
 
 if __name__ == "__main__":

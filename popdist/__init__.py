@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional, Tuple
 
 __all__ = ["isPopdistEnvSet", "getInstanceIndex", "getNumInstances", "getLocalInstanceIndex",
            "getNumLocalReplicas", "getNumTotalReplicas", "getReplicaIndexOffset",
-           "getNumIpusPerReplica", "getDeviceId", "execute_on_instances", "init"]
+           "getNumIpusPerReplica", "getDeviceId", "execute_on_instances", "init", "barrier"]
 
 _RANK_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 _LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK")
@@ -130,3 +130,12 @@ def execute_on_instances(instances: Iterable[int], fn: Callable, *args, **kwargs
 
 def init(*args, **kwargs) -> None:
     """Upstream initialises the PopDist backend; the emulator has nothing to set up."""
+
+
+def barrier() -> None:
+    """popxl-dist extension (upstream popdist has none; programs use MPI's): wait until every
+    instance gets here. Unlike `mpi4py.MPI.COMM_WORLD.Barrier()` it also spans Ray instances
+    (`popxl-run --backend ray --instances N`), where each instance's MPI world is itself."""
+    from popxl.runtime.instance_group import barrier as _barrier
+
+    _barrier()

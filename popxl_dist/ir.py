@@ -28,6 +28,7 @@ class Ir:
         self._prepared = False
         self._session_options = None
         self._streams: Dict[str, Any] = {}
+        self._has_read_only_memmap = False
         if replication == "popdist":
             from .popdist_env import placement_from_popdist
 

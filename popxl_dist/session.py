@@ -73,7 +73,8 @@ class Session:
                              f"{device_desc!r}")
         self._ir = ir
         self._device_desc = device_desc
-        self.weights_to_host_on_exit = weights_to_host_on_exit
+        # As upstream: a read-only memmap variable cannot take weights back on exit.
+        self.weights_to_host_on_exit = weights_to_host_on_exit and not ir._has_read_only_memmap
         check_op_to_identity_applied(ir._data)
         check_store_counts(ir._data, stream_slots(ir._data)[1])
         ir._prepared = True
@@ -97,6 +98,7 @@ class Session:
         self._attached = False
         self._depth_attached: list = []
         self._out_of_sync = False
+        self._last_copy_plan = None
         # The first failure of a device operation: until `reset()` every device operation
         # raises SessionFailed (the replicas may be out of step).
         self._failure: Optional[BaseException] = None
@@ -292,8 +294,13 @@ class Session:
         values = self._on_device(what, self._read_device_weights)
         for tid, value in values.items():
             buf = self._host_weights[tid]
-            if isinstance(buf, np.memmap) and buf.shape == value.shape:
+            if isinstance(buf, np.memmap) and not buf.flags.writeable:
+                # A read-only file keeps being the host value while the device agrees with it.
+                if not np.array_equal(buf, value):
+                    self._host_weights[tid] = value
+            elif isinstance(buf, np.memmap) and buf.shape == value.shape:
                 buf[...] = value
+                buf.flush()
             else:
                 self._host_weights[tid] = value
         self._out_of_sync = False
@@ -363,6 +370,10 @@ class Session:
                 raise NotImplementedError(f"write_variable_data: variable '{v.id}' has "
                                           f"retrieval_mode 'all_replicas' with group_size > 1, "
                                           f"which cannot be written (as upstream)")
+            host = self._host_weights[v.id]
+            if isinstance(host, np.memmap) and not host.flags.writeable:
+                raise ValueError(f"write_variable_data: variable '{v.id}' is backed by a "
+                                 f"read-only memmap ({host.filename})")
             want = storage_numpy(v.dtype)
             float8 = v.dtype in FLOAT8_DTYPES
             if isinstance(data, (int, float, bool, np.number)) and not isinstance(data, np.ndarray):
@@ -396,6 +407,119 @@ class Session:
             sharded = any(self._variables[t].extra.get("sharded") for t in updates)
             self._on_device("write_variable_data", self._upload_weights,
                             {t: self._host_weights[t] for t in updates}, sharded)
+
+    def copy_weights_to(self, other: "Session", mapping: Mapping[Variable, Variable]) -> None:
+        """popxl-dist extension (upstream has no such method): copy variables of this Session
+        into variables of `other`, e.g. trained weights into a test program.
+
+        The result equals `other.write_variables_data({d: self.get_tensor_data(s)})` for every
+        `s: d` of `mapping`. When both Sessions are attached and their replicas live on the same
+        workers (same backend and worker pool), the copy runs on the workers and no array
+        crosses the host; each destination replica takes the value of a source replica of the
+        same group on its own worker (the same replica index when there is one), and RTS
+        variables are copied shard by shard. Pairs that cannot be copied there (a detached
+        Session, different workers, sharded on one side only, or a destination replica whose
+        worker holds no source replica of its group) go through the host.
+
+        Args:
+            other: the destination Session (may be this one).
+            mapping: `{source variable of this Session: destination variable of other}`. Each
+                pair must agree in dtype, shape and host layout (number of groups, retrieval
+                mode).
+        """
+        pairs = self._copy_pairs(other, mapping)
+        if not pairs:
+            return
+        via_host = pairs
+        # Within one Session a variable both read and written by the copy (e.g. a swap) needs
+        # every source read first: the host path does that.
+        overlaps = other is self and {s.id for s, _ in pairs} & {d.id for _, d in pairs}
+        if (self._attached and other._attached and not overlaps
+                and self._runtime.shares_workers_with(other._runtime)):
+            plans, host_ids = self._copy_plan(other, [(s.id, d.id) for s, d in pairs])
+            if any(plans):      # (a failure marks both Sessions failed)
+                other._on_device("copy_weights_to", self._on_device, "copy_weights_to",
+                                 self._copy_on_workers, other, plans)
+            host_ids = set(host_ids)
+            via_host = [(s, d) for s, d in pairs if (s.id, d.id) in host_ids]
+        if via_host:
+            data = self.get_tensors_data([s for s, _ in via_host])
+            if other is self:         # the host buffers themselves: copy before overwriting
+                data = {t: np.array(v, copy=True) for t, v in data.items()}
+            other.write_variables_data({d: data[s] for s, d in via_host})
+
+    def _copy_plan(self, other: "Session", ids: list):
+        """`plan_copy` for these (source, destination) ids, kept for the next identical call
+        (a job copies the same weights before every evaluation)."""
+        from .runtime.copy import plan_copy
+
+        key = (weakref.ref(other._runtime), tuple(ids))
+        cached = self._last_copy_plan
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        plan = plan_copy(self._ir._data, self._runtime.blocks(), other._ir._data,
+                         other._runtime.blocks(), ids)
+        self._last_copy_plan = (key, plan)
+        return plan
+
+    def _copy_pairs(self, other: "Session", mapping) -> list:
+        """Check `copy_weights_to`'s arguments; the (source, destination) pairs."""
+        what = "copy_weights_to"
+        if not isinstance(other, Session):
+            raise TypeError(f"{what}: `other` must be a popxl.Session, got "
+                            f"{type(other).__name__}")
+        if not isinstance(mapping, Mapping):
+            raise TypeError(f"{what}: `mapping` must be a Mapping {{source Variable: "
+                            f"destination Variable}}, got {type(mapping).__name__}")
+        pairs, seen = [], {}
+        for s, d in mapping.items():
+            for t, sess, side in ((s, self, "source"), (d, other, "destination")):
+                if not isinstance(t, Variable):
+                    raise TypeError(f"{what}: every {side} must be a popxl.Variable, got {t!r}")
+                if t.ir is not sess._ir:
+                    raise ValueError(f"{what}: {side} variable '{t.id}' does not belong to the "
+                                     f"{side} Session's Ir")
+            if d.id in seen:
+                raise ValueError(f"{what}: destination '{d.id}' is mapped from both "
+                                 f"'{seen[d.id]}' and '{s.id}'")
+            seen[d.id] = s.id
+            if s.dtype != d.dtype:
+                raise TypeError(f"{what}: '{s.id}' has dtype {s.dtype.name} but its destination "
+                                f"'{d.id}' has dtype {d.dtype.name}")
+            if s._full_shape != d._full_shape:
+                raise ValueError(f"{what}: '{s.id}' has shape {s._full_shape} but its "
+                                 f"destination '{d.id}' has shape {d._full_shape}")
+            if d.retrieval_mode == "all_replicas" and d.replica_grouping.group_size > 1:
+                raise NotImplementedError(f"{what}: destination '{d.id}' has retrieval_mode "
+                                          f"'all_replicas' with group_size > 1, which cannot "
+                                          f"be written (as upstream)")
+            if tuple(s.shape_on_host) != tuple(d.shape_on_host):
+                raise ValueError(
+                    f"{what}: '{s.id}' ({s.replica_grouping.num_groups} group(s), retrieval "
+                    f"'{s.retrieval_mode}', host shape {tuple(s.shape_on_host)}) and "
+                    f"'{d.id}' ({d.replica_grouping.num_groups} group(s), host shape "
+                    f"{tuple(d.shape_on_host)}) have different host layouts")
+            pairs.append((s, d))
+        return pairs
+
+    def _copy_on_workers(self, other: "Session", plans) -> None:
+        """Run a copy plan: remote and RTS variables are synced with their buffers around it
+        (the WeightsToHost / WeightsFromHost fragments), as `get_tensor_data` and
+        `write_variable_data` do."""
+        def uses_buffers(sess, ids) -> bool:
+            return any("remote" in sess._variables[t].extra for t in ids)
+
+        src_ids = {p[0] for plan in plans for p in plan}
+        dst_ids = {p[1] for plan in plans for p in plan}
+        if uses_buffers(self, src_ids):
+            self._runtime.run_fragment("weights_to_host")
+        dst_buffers = uses_buffers(other, dst_ids)
+        if dst_buffers and other is not self:
+            other._runtime.run_fragment("weights_to_host")
+        self._runtime.copy_to(other._runtime, plans)
+        if dst_buffers:
+            other._runtime.run_fragment("weights_from_host")
+        other._out_of_sync = True
 
     def device_memory_report(self):
         """popxl-dist extension: bytes of device memory (on-chip variables, RTS shards, remote

@@ -320,6 +320,18 @@ class Variable(Tensor):
     def _full_shape(self) -> Tuple[int, ...]:
         return self.meta_shape if self._info.extra.get("sharded") else self.shape
 
+    @property
+    def _memmap_arr(self) -> Optional[np.memmap]:
+        """The `np.memmap` this variable was created from (its host data, shared), or None."""
+        data = self._info.data
+        return data if isinstance(data, np.memmap) else None
+
+    def _flush_data_if_memmap(self) -> None:
+        """Write a memmap-backed variable's host data through to its file."""
+        mm = self._memmap_arr
+        if mm is not None and mm.flags.writeable:
+            mm.flush()
+
     def copy_to_ipu(self, dst: int, src: int) -> Tensor:
         return _ops().ipu_copy(self, dst, src)
 
@@ -381,6 +393,8 @@ def _host_array(data, dtype, downcast, what: str, log2_scale=None,
                        nan_on_overflow=nan_on_overflow)
     except (RuntimeError, ValueError, TypeError) as e:
         raise type(e)(f"{what}: {e}") from None
+    if isinstance(arr, np.memmap) and not arr.flags.writeable and what != "constant":
+        gcg().ir._has_read_only_memmap = True
     if d is not None and d in dtypes.FLOAT8_DTYPES:
         return arr, d
     return arr, dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported NumPy dtypes
@@ -394,7 +408,10 @@ def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
 
     With a `replica_grouping` of G > 1 groups, `data` has shape `(G, *shape)`. For a float8
     `dtype`, real-valued data is cast with `log2_scale` / `nan_on_overflow` (see
-    `popxl.utils.to_numpy`); uint8 data is taken as float8 codes.
+    `popxl.utils.to_numpy`); uint8 data is taken as float8 codes. An `np.memmap` of the
+    variable's dtype is shared, not copied: it is the variable's host data
+    (`Variable._memmap_arr`, what `Session.get_tensor_data` returns), and `weights_to_host`
+    writes into it (a read-only memmap turns off `weights_to_host` on leaving the session).
     """
     g = gcg()
     if g is not g.ir.main_graph:

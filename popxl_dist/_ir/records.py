@@ -88,6 +88,14 @@ class Op:
         for s, v in zip(self.__slots__, state):
             setattr(self, s, v)
 
+    # Planning hints set by popxl_addons' transforms, read back as upstream's ops report them
+    # (no effect on the numbers).
+    def useFullyConnectedPass(self) -> bool:
+        return bool(self.attrs.get("use_fully_connected_pass", True))
+
+    def getAvailableMemoryProportion(self) -> float:
+        return float(self.attrs.get("available_memory_proportion", 0.6))
+
     def describe(self) -> str:
         """`<type>.<id> '<name>'` plus where the user built it: for error messages."""
         where = f" (built at {self.debug})" if self.debug else ""

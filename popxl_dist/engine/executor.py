@@ -161,6 +161,27 @@ class Worker:
         return {t: {r: self._stored(self.ctxs[r - first], t).copy() for r in rs}
                 for t, rs in wanted.items()}
 
+    def copy_to(self, dst: "Worker", plan: Sequence[Tuple[str, str, Sequence[Tuple[int, int]]]]
+                ) -> None:
+        """Copy variables into `dst`, another session's Worker on this same worker: `plan` is
+        `[(source id, destination id, [(destination replica, source replica), ...])]` (see
+        `runtime.copy.plan_copy`). RTS variables are copied shard by shard."""
+        s_first, d_first = self.replicas[0], dst.replicas[0]
+        d_index = dst.program.state_index
+        for s_tid, d_tid, pairs in plan:
+            remote = "remote" in dst.ir.main.tensors[d_tid].extra
+            for r, s in pairs:
+                value = self._stored(self.ctxs[s - s_first], s_tid)
+                ctx = dst.ctxs[r - d_first]
+                if remote:
+                    dst._stored(ctx, d_tid)[...] = value
+                    continue
+                cur = ctx.state[d_index[d_tid]]
+                if cur is None or cur.shape != value.shape:
+                    ctx.state[d_index[d_tid]] = value.copy()
+                else:
+                    cur[...] = value
+
     def memory_report(self) -> Dict[str, int]:
         """Bytes of device memory of this worker's first replica, by kind."""
         ctx = self.ctxs[0]

@@ -67,6 +67,11 @@ def check_in_graph(g: Graph, t: Tensor, opname: str) -> None:
             f"{opname}: the input tensor '{t.id}' is not in the current Graph '{g.id}'. Tensors "
             f"of another graph must be passed in as graph inputs (popxl.graph_input or a "
             f"create_graph argument)")
+    if g._data.tensors.get(t.id) is not t._info:
+        raise ValueError(
+            f"{opname}: tensor '{t.id}' no longer exists in graph '{g.id}': a transform (such "
+            f"as pipelined_execution or repeat_graph) moved the ops that made it to another "
+            f"graph")
 
 
 def check_same_dtype(opname: str, *ts: Tensor) -> dtypes.dtype:

@@ -1,7 +1,7 @@
 """The interface a Session drives; each backend implements it."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -96,6 +96,21 @@ class Runtime:
 
     def write_variables(self, values: Dict[str, np.ndarray]) -> None:
         raise NotImplementedError
+
+    def blocks(self) -> List[Tuple[int, int]]:
+        """The replica block `(lo, hi)` of each worker, in worker order."""
+        return [(0, self.ir.replication_factor)]
+
+    def shares_workers_with(self, other: "Runtime") -> bool:
+        """Whether `other`'s replicas live on this runtime's workers (worker w of both is the
+        same worker), so `copy_to` can copy between them there."""
+        return False
+
+    def copy_to(self, other: "Runtime", plans: Sequence[list]) -> None:
+        """Copy variables into `other` on the workers (`plans[w]` for worker w, made by
+        `runtime.copy.plan_copy`); only when `shares_workers_with(other)`."""
+        raise NotImplementedError(f"the {self.name} runtime cannot copy variables on its "
+                                  f"workers")
 
     def close(self) -> None:
         """Free the workers' copy of this program (called when the Session is collected)."""

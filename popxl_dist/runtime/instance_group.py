@@ -134,6 +134,25 @@ def instance_group(placement) -> InstanceGroup:
         return _GROUP
 
 
+def barrier() -> None:
+    """Return once every popdist instance of the launch has called `barrier` (at once when there
+    is one instance). Works over MPI ranks and Ray instances alike, unlike `COMM_WORLD.Barrier`,
+    which under Ray instances spans one process."""
+    import popdist
+
+    from ..popdist_env import InstancePlacement
+
+    if not popdist.isPopdistEnvSet() or popdist.getNumInstances() < 2:
+        return
+    group = _GROUP
+    if group is None or group.closed:
+        group = instance_group(InstancePlacement(
+            num_instances=popdist.getNumInstances(), index=popdist.getInstanceIndex(),
+            offset=popdist.getReplicaIndexOffset(), local=popdist.getNumLocalReplicas(),
+            total=popdist.getNumTotalReplicas()))
+    group.allgather(None)
+
+
 def fail_instance(exc: BaseException) -> None:
     """This instance's script failed with `exc`: tell the others, and abort the job if they
     did not all take notice (they may be blocked outside popxl, e.g. in their own MPI calls)."""

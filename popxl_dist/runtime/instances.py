@@ -110,5 +110,15 @@ class InstanceRuntime(Runtime):
     def write_variables(self, values: Dict[str, np.ndarray]) -> None:
         self.worker.write_weights(values)
 
+    def blocks(self) -> List[Tuple[int, int]]:
+        return list(self.layout.blocks)
+
+    def shares_workers_with(self, other: Runtime) -> bool:
+        # Two popdist Sessions of one instance hold the same replica block in this process.
+        return isinstance(other, InstanceRuntime) and other.layout.blocks == self.layout.blocks
+
+    def copy_to(self, other: Runtime, plans: Sequence[list]) -> None:
+        self.worker.copy_to(other.worker, plans[self.placement.index])
+
     def memory_report(self) -> List[Dict[str, int]]:
         return [self.worker.memory_report()]

@@ -40,6 +40,12 @@ class LocalRuntime(Runtime):
             out[t] = host_value(self.ir, t, per_replica)
         return out
 
+    def shares_workers_with(self, other: Runtime) -> bool:
+        return isinstance(other, LocalRuntime)       # both in this process
+
+    def copy_to(self, other: Runtime, plans: Sequence[list]) -> None:
+        self.worker.copy_to(other.worker, plans[0])
+
     def memory_report(self) -> List[Dict[str, int]]:
         return [self.worker.memory_report()]
 

@@ -4,7 +4,7 @@ the results back together."""
 from __future__ import annotations
 
 import itertools
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -125,6 +125,15 @@ class PoolRuntime(Runtime):
 
     def memory_report(self) -> List[Dict[str, int]]:
         return self._call("memory", [None] * self.num_workers)
+
+    def blocks(self) -> List[Tuple[int, int]]:
+        return list(self.layout.blocks)
+
+    def shares_workers_with(self, other: Runtime) -> bool:
+        return isinstance(other, PoolRuntime) and other.pool is self.pool
+
+    def copy_to(self, other: Runtime, plans: Sequence[list]) -> None:
+        self._call("copy_to", [(other.sid, plan) for plan in plans])
 
     def close(self) -> None:
         if not self._closed:

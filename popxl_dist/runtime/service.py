@@ -53,6 +53,15 @@ class WorkerService:
             return None
         if cmd == "memory":
             return worker.memory_report()
+        if cmd == "copy_to":
+            dst_sid, plan = payload
+            if plan:
+                dst = self.sessions.get(dst_sid)
+                if dst is None:
+                    raise RuntimeError(f"worker {self.index}: copy_to: session {dst_sid} holds "
+                                       f"no replicas on this worker")
+                worker.copy_to(dst, plan)
+            return None
         raise ValueError(f"worker {self.index}: unknown command {cmd!r}")
 
     def open(self, sid: int, ir, layout: Layout) -> None:

@@ -214,16 +214,27 @@ class _GradBuilder:
             if any(t in needed for t in op.inputs):
                 needed.update(op.outputs)
         self.needed = needed
-        grads: Dict[str, Tensor] = {}
-        from .. import ops
+        # Every gradient contribution of a tensor; several are summed by one `Sum` op when the
+        # gradient is first read (as upstream; `popxl.transforms.decompose_sum` splits it).
+        partials: Dict[str, List[Tensor]] = {}
+        from ..ops._grad_sum import grad_sum
 
         def add_grad(tid: str, g: Tensor) -> None:
             info = gd.tensors[tid]
             if g.shape != info.shape:
                 raise RuntimeError(f"autodiff: gradient of '{tid}' has shape {g.shape}, expected "
                                    f"{info.shape}")
-            prev = grads.get(tid)
-            grads[tid] = g if prev is None else ops.add(prev, g)
+            partials.setdefault(tid, []).append(g)
+
+        def grad_of(tid: str) -> Optional[Tensor]:
+            parts = partials.get(tid)
+            if not parts:
+                return None
+            if len(parts) > 1:
+                partials[tid] = parts = [grad_sum(parts)]
+            return parts[0]
+
+        from .. import ops
 
         with bwd:
             provided_inputs = []
@@ -233,7 +244,7 @@ class _GradBuilder:
                 provided_inputs.append(gi)
                 add_grad(t.id, gi)
             for op in reversed(gd.ops):
-                dys = [grads.get(o) for o in op.outputs]
+                dys = [grad_of(o) for o in op.outputs]
                 if all(d is None for d in dys):
                     continue
                 if not any(t in needed for t in op.inputs):
@@ -259,7 +270,7 @@ class _GradBuilder:
             out_connections = []
             used_outputs: Set[str] = set()
             for t in self.required:
-                g = grads.get(t.id)
+                g = grad_of(t.id)
                 if g is None:
                     if self.strict:
                         raise RuntimeError(f"[Autodiff] Unable to provide required gradient "

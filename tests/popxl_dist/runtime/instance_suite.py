@@ -16,6 +16,9 @@ Parts:
   instance0-io  weights read by every instance (collective), written by instance 0 only, read
                 back by all after a barrier (MPI launches only)
   host-shapes   the global array fed where this instance's replicas are expected: a clear error
+  weights       `Session.copy_weights_to` between two popdist Sessions (plain and RTS variables,
+                copied on the instance), and `TaskSession` checkpoints: every instance reads,
+                instance 0 alone writes, every instance loads them back
   fail-last     (last) instance 1 raises; instance 0 must get InstanceFailed naming it from its
                 next collective and prints how long that took
 
@@ -234,6 +237,67 @@ def part_instance0_io() -> int:
     return int(not ok)
 
 
+def _weights_program(scale: float):
+    """A plain variable and an RTS variable, both accumulating the all-reduced input * scale."""
+    ir = popxl.Ir(replication="popdist")
+    with ir.main_graph:
+        xs = popxl.h2d_stream((3,), popxl.float32, "x")
+        y = ops.collectives.replicated_all_reduce(ops.host_load(xs), op="add") * scale
+        v = popxl.variable(np.zeros(3, np.float32), name="v")
+        ops.var_updates.accumulate_(v, y)
+        w, w_shard = popxl.replica_sharded_variable(np.zeros(4, np.float32), name="w")
+        part = ops.collectives.replica_sharded_slice(ops.concat([y, y[:1]]))
+        ops.var_updates.accumulate_(w_shard, part)
+    return ir, xs, v, w
+
+
+def part_weights() -> int:
+    from popxl_addons import NamedTensors, TaskSession
+    from popxl_addons.named_tensors import NamedTensorData  # noqa: F401 - import path check
+
+    problems = []
+    with local_replicas(2):
+        train_ir, xs, v, w = _weights_program(1.0)
+        test_ir, xs_t, v_t, w_t = _weights_program(0.0)
+        train = popxl.Session(train_ir, "ipu_hw")
+        test = TaskSession([xs_t], [], NamedTensors(v=v_t, w=w_t), ir=test_ir,
+                           device_desc="ipu_hw")
+        group = current_group()             # made by the first popdist Session
+        with train, test:
+            for step in range(2):
+                train.run({xs: _feed(train_ir, step)[0]})
+            assert train._runtime.shares_workers_with(test._runtime)
+            train.copy_weights_to(test, {v: v_t, w: w_t})
+            want = sum(_feed(train_ir, s)[1] for s in range(2))
+            got = test.get_tensors_data([v_t, w_t])          # collective: every instance
+            if not (np.array_equal(got[v_t], want)
+                    and np.array_equal(got[w_t], np.concatenate([want, want[:1]]))):
+                problems.append(f"copy gave {got[v_t].tolist()} {got[w_t].tolist()}")
+            path = group.allgather(tempfile.mkdtemp(prefix="popxl-ckpt-") if INDEX == 0
+                                   else None)[0]
+            ckpt = os.path.join(path, "step_2")
+            test.session_state["steps"] = 2
+            test.save_checkpoint(ckpt)
+            wrote = group.allgather(os.path.exists(os.path.join(ckpt, "session_info.json")))
+            if wrote != [True] * N:             # instance 0 wrote it, the others see it
+                problems.append(f"checkpoint visible on instances: {wrote}")
+            test.write_variables_data({v_t: np.full(3, -1, np.float32)})
+            test.session_state["steps"] = 0
+            test.load_checkpoint(ckpt, report_missing="error")
+            back = test.get_tensors_data([v_t, w_t])
+            if not (np.array_equal(back[v_t], want) and np.array_equal(back[w_t], got[w_t])
+                    and test.session_state["steps"] == 2):
+                problems.append(f"checkpoint loaded {back[v_t].tolist()} "
+                                f"{back[w_t].tolist()} steps={test.session_state}")
+            group.allgather(None)               # every instance has read before the delete
+            if INDEX == 0:
+                import shutil
+
+                shutil.rmtree(path)
+    print(f"{'FAIL' if problems else 'ok'} weights {'; '.join(problems)}", flush=True)
+    return int(bool(problems))
+
+
 def part_host_shapes() -> int:
     """Feeding the global array instead of this instance's replicas is a clear error (raised
     by every instance before any collective), and the session still works afterwards."""
@@ -286,7 +350,7 @@ def main(parts) -> int:
         name, _, arg = part.partition("=")
         fn = {"dp": part_dp, "rts": part_rts, "hierarchical": part_hierarchical,
               "cases": part_cases, "mpi-user": part_mpi_user, "instance0-io": part_instance0_io,
-              "host-shapes": part_host_shapes,
+              "host-shapes": part_host_shapes, "weights": part_weights,
               "fail-last": part_fail_last}[name]
         if name == "fail-last":           # instance 1's exception must end its script
             failed += part_fail_last()

@@ -158,14 +158,15 @@ def assert_suite(res, prefix: str, instances: int, parts: list) -> None:
     assert float(caught.split()[4].rstrip(":")) - failed_at < 5.0
 
 
-PARTS = ["dp", "rts", "hierarchical", "cases", "host-shapes"]
+PARTS = ["dp", "rts", "hierarchical", "cases", "host-shapes", "weights"]
 
 
 # --- MPI ------------------------------------------------------------------------------------
 @needs_mpi
 def test_poprun_two_instances_of_four_replicas(tmp_path, dp_reference):
     res = poprun("--num-instances", "2", "--num-replicas", "4", sys.executable, SUITE,
-                 f"dp={tmp_path}", "rts", "hierarchical", "cases", "host-shapes", "mpi-user",
+                 f"dp={tmp_path}", "rts", "hierarchical", "cases", "host-shapes", "weights",
+                 "mpi-user",
                  "instance0-io", "fail-last")
     assert_suite(res, "[1,{i}]<{stream}>: ", 2, PARTS + ["mpi-user", "instance0-io"])
     assert_dp_bitwise(tmp_path, dp_reference)
@@ -318,7 +319,8 @@ def test_ctrl_c_stops_every_instance():
 @needs_ray
 def test_ray_two_instances_of_four_replicas(tmp_path, dp_reference):
     res = popxl_run("--backend", "ray", "--instances", "2", "--replicas", "4", SUITE,
-                    f"dp={tmp_path}", "rts", "hierarchical", "cases", "host-shapes", "fail-last",
+                    f"dp={tmp_path}", "rts", "hierarchical", "cases", "host-shapes", "weights",
+                    "fail-last",
                     timeout=600)
     assert_suite(res, "[instance {i}] ", 2, PARTS)
     assert_dp_bitwise(tmp_path, dp_reference)
