@@ -334,8 +334,9 @@ class Session:
         Deviation from upstream (which returns a view of its host buffer, so the array changes
         at the next sync and writing into it changes what the next attach uploads): the result
         is a read-only snapshot. It never changes afterwards, and writing into it raises;
-        `.copy()` it to modify it. (A variable backed by an np.memmap returns a read-only view
-        of the file, which later syncs do update.)"""
+        `.copy()` it to modify it. (A variable backed by an np.memmap returns the memmap itself,
+        as upstream: the file is the host copy the user chose to share, which later syncs
+        update.)"""
         return self.get_tensors_data([tensor])[tensor]
 
     def get_tensors_data(self, tensors: Iterable) -> Dict:

@@ -96,7 +96,11 @@ def check_store_counts(ir_data, d2h) -> None:
 
 
 def read_only(arr: np.ndarray) -> np.ndarray:
-    """A read-only view of `arr` (writes raise instead of changing the Session's host copy)."""
+    """A read-only view of `arr` (writes raise instead of changing the Session's host copy).
+    An np.memmap is returned itself: a memmap-backed variable shares its file by design (as
+    upstream), and the file is the host copy."""
+    if isinstance(arr, np.memmap):
+        return arr
     view = arr.view()
     view.flags.writeable = False
     return view
