@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Dict, Optional, Sequence
 
-__all__ = ["run_job", "launcher_ref"]
+__all__ = ["run_job", "launcher_ref", "die_with_parent"]
 
 # Read by every rank (popxl.runtime.liveness.LAUNCHER_ENV; not imported: popxl-run starts
 # without importing popxl).
@@ -51,7 +51,7 @@ def launcher_ref() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{start}"
 
 
-def _die_with_parent(parent: int):
+def die_with_parent(parent: int):
     """A `preexec_fn`: the child gets SIGTERM when this process dies (Linux)."""
     def setup() -> None:
         try:
@@ -68,7 +68,7 @@ def run_job(cmd: Sequence[str], env: Dict[str, str], pass_fds: Sequence[int] = (
     that stopped popxl-run (130 for Ctrl-C). The ranks find this process in `POPXL_LAUNCHER`."""
     env = dict(env)
     env[LAUNCHER_ENV] = launcher_ref()
-    preexec = _die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None
+    preexec = die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None
     proc = subprocess.Popen(list(cmd), env=env, pass_fds=tuple(pass_fds), preexec_fn=preexec)
     main = threading.current_thread() is threading.main_thread()
     previous = {}

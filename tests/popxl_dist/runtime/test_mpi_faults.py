@@ -153,3 +153,33 @@ def test_stopped_worker_raises_collective_timeout_at_the_timeout():
     assert res.returncode == 0, out[-3000:]
     print("\n" + next(line for line in res.stdout.splitlines() if "CollectiveTimeout" in line)
           + f"\n(the job with the stopped worker was gone {took:.1f} s after it started)")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_signal_to_popxl_run_instances_ends_the_whole_job(tmp_path, sig):
+    """`popxl-run --instances 2` (poprun's launch path): mpiexec has a parent-death signal."""
+    script = tmp_path / "wait.py"
+    script.write_text("import time\nprint('running', flush=True)\ntime.sleep(120)\n")
+    tag = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}
+    env[MARKER] = tag
+    proc = subprocess.Popen([sys.executable, "-m", "popxl_launch", "--backend", "mpi",
+                             "--instances", "2", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        assert any("running" in line for line in proc.stdout), "the job never started"
+        assert len(job_processes(tag)) >= 4      # popxl-run, mpiexec, proxy, 2 ranks
+        os.kill(proc.pid, sig)
+        t0 = time.monotonic()
+        proc.wait(timeout=30)
+        assert wait_until(lambda: not job_processes(tag)), \
+            [open(f"/proc/{p}/cmdline").read() for p in job_processes(tag)]
+        print(f"\n{sig.name} to popxl-run --instances 2: the whole job was gone after "
+              f"{time.monotonic() - t0:.2f} s")
+    finally:
+        for pid in job_processes(tag):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
