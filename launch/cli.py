@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from typing import List, Optional
+
+from .supervise import run_job
 
 __all__ = ["main", "find_mpiexec"]
 
@@ -67,9 +68,7 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
         cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(workers), "sh", "-c",
                _RANK_WRAPPER, "sh", sys.executable, "-m", "popxl_launch.mpi_main", target, *args]
         try:
-            code = subprocess.call(cmd, env=env, pass_fds=fds)
-        except KeyboardInterrupt:
-            code = 130
+            code = run_job(cmd, env, pass_fds=fds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -77,7 +76,10 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
             with open(exit_file) as f:
                 return int(f.read().strip())
         except (OSError, ValueError):
-            return code
+            if code < 128:      # (not stopped by a signal to popxl-run: it knows why)
+                print(f"popxl-run: the host (MPI rank 0, the script) ended without an exit "
+                      f"code (killed?); mpiexec exited with {code}", file=sys.stderr)
+            return code or 1
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .instance_wrapper import read_exit_file
 from .output import POPRUN_PREFIX
+from .supervise import die_with_parent
 
 __all__ = ["InstanceLaunch", "run_mpi_instances", "topology_table", "translate_mpi_args",
            "handle_ctrl_c", "FAIL_GRACE"]
@@ -233,7 +234,9 @@ def run_mpi_instances(launch: InstanceLaunch, cmd: Sequence[str]) -> int:
             print(f"{launch.prog}: {note}", file=sys.stderr, flush=True)
         env = _instance_env(launch, exit_dir, fds)
         try:
-            proc = subprocess.Popen(full, env=env, pass_fds=fds)
+            # mpiexec (and so every rank) is stopped when the launcher dies, even by SIGKILL.
+            preexec = die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None
+            proc = subprocess.Popen(full, env=env, pass_fds=fds, preexec_fn=preexec)
         finally:
             for fd in fds:
                 os.close(fd)

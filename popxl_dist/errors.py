@@ -7,7 +7,7 @@ popart.popart_exception` catches them as it does upstream; they are also `Runtim
 from popart import popart_exception
 
 __all__ = ["UndefinedValue", "popart_exception", "EngineError", "WorkerError", "WorkerDied",
-           "InstanceFailed", "CollectiveTimeout", "RunAborted"]
+           "InstanceFailed", "CollectiveTimeout", "SessionFailed", "RunAborted"]
 
 
 class UndefinedValue(ValueError):
@@ -34,8 +34,23 @@ class InstanceFailed(WorkerError):
         self.instance = instance
 
 
-class CollectiveTimeout(EngineError):
-    """A collective waited longer than `POPXL_COLLECTIVE_TIMEOUT` seconds for its peers."""
+class CollectiveTimeout(WorkerError):
+    """A collective waited longer than `POPXL_COLLECTIVE_TIMEOUT` seconds for a worker that sent
+    nothing (stopped, hung, or far slower than its peers). The message names the op, the
+    replicas that waited and the silent worker; `op`, `replicas` and `workers` (the silent
+    workers) are set when known."""
+
+    op = None
+    replicas: tuple = ()
+    workers: tuple = ()
+
+
+class SessionFailed(EngineError):
+    """A device operation of a Session whose earlier run (or weight transfer) failed: its
+    replicas may be out of step. `first_error` is the failure; `Session.reset()` or a new
+    Session clears it."""
+
+    first_error = None
 
 
 class RunAborted(RuntimeError):

@@ -63,7 +63,18 @@ class Ir:
     def main_graph(self) -> Graph:
         return self._graph("")
 
+    def _check_not_frozen(self, what: str) -> None:
+        """Refuse a change to the program once a Session exists: the Session compiled the Ir
+        when it was created (upstream: it takes ownership, and the Ir must not be modified), so
+        the change would silently never run."""
+        if self._prepared:
+            raise RuntimeError(
+                f"{what}: {self!r} is frozen because a popxl.Session was created from it; ops, "
+                f"tensors and graphs added now would never run. Build the whole program before "
+                f"creating the Session, or build a new Ir.")
+
     def _new_graph(self, name: str) -> Graph:
+        self._check_not_frozen(f"creating graph '{name}'")
         idx = self._data.new_graph_index()
         gid = f"{name}_subgraph({idx})"
         self._data.graphs[gid] = GraphData(gid)
@@ -93,6 +104,7 @@ class Ir:
     def num_host_transfers(self, n: int) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"num_host_transfers must be a positive int, got {n!r}")
+        self._check_not_frozen("setting num_host_transfers")
         self._data.num_host_transfers = n
 
     @property

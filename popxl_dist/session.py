@@ -9,7 +9,10 @@ import numpy as np
 
 from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, storage_numpy
+from .engine.compile import stream_slots
 from .runtime import create_runtime
+from .session_checks import (as_stream_mapping, check_output_array, check_store_counts,
+                             checked_downcast, read_only, session_failed)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
@@ -88,6 +91,7 @@ class Session:
         # As upstream: a read-only memmap variable cannot take weights back on exit.
         self.weights_to_host_on_exit = weights_to_host_on_exit and not ir._has_read_only_memmap
         check_op_to_identity_applied(ir._data)
+        check_store_counts(ir._data, stream_slots(ir._data)[1])
         ir._prepared = True
         data = ir._data
         main = data.main
@@ -110,6 +114,12 @@ class Session:
         self._depth_attached: list = []
         self._out_of_sync = False
         self._last_copy_plan = None
+        # The first failure of a device operation: until `reset()` every device operation
+        # raises SessionFailed (the replicas may be out of step).
+        self._failure: Optional[BaseException] = None
+        # Leaving `with session:` by an exception skips weights_to_host (as upstream); the
+        # newer weights stay on the device and are read from there when next needed.
+        self._kept_on_device = False
 
     # --- properties --------------------------------------------------------------------
     @property
@@ -143,15 +153,28 @@ class Session:
         self._depth_attached.append(was)
         if not was:
             self._attach()
-            self.weights_from_host()
+            if self._kept_on_device:
+                # The device holds newer weights than the host (see __exit__): keep them.
+                self._kept_on_device = False
+                self._out_of_sync = True
+            elif self._failure is None:
+                self.weights_from_host()
         return self
 
     def __exit__(self, exc_type, exc_value, exc_tb) -> None:
+        """Detach; copy the weights to the host first, unless an exception is leaving the
+        context or the Session failed. Then (a popxl-dist deviation that loses no training)
+        the weights stay on the device: `get_tensor_data` and `write_variable_data` read them
+        from there and the next `with session:` keeps them instead of uploading the stale host
+        copy."""
         was = self._depth_attached.pop()
         if not was and self._attached:
             try:
-                if exc_type is None and self.weights_to_host_on_exit:
-                    self.weights_to_host()
+                if exc_type is None and self._failure is None:
+                    if self.weights_to_host_on_exit:
+                        self.weights_to_host()
+                elif self._out_of_sync:
+                    self._kept_on_device = True
             finally:
                 self._detach()
 
@@ -214,7 +237,7 @@ class Session:
         if arr.dtype != want and arr.dtype == stream.dtype.as_numpy():
             arr = arr.view(want).reshape(arr.shape)     # float8 structured data: its codes
         if downcast and arr.dtype != want and _DOWNCAST.get(arr.dtype) == want:
-            arr = arr.astype(want)
+            arr = checked_downcast(stream.tensor_id, arr, want)
         if arr.dtype != want:
             hint = (f"cast it with popxl.fp8_utils.host_pow2scale_cast_to_fp8(data, "
                     f"popxl.{stream.dtype.name}, log2_scale)"
@@ -230,6 +253,7 @@ class Session:
             downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
         """Run the program once; returns `{d2h_stream: array}` in upstream's host layout."""
         self._require_attached()
+        inputs = as_stream_mapping(inputs, "Session.run", "input")
         outputs = self.create_host_outputs()
         self.run_with_outputs(inputs, outputs, downcast_inputs)
         return outputs
@@ -237,23 +261,44 @@ class Session:
     def run_with_outputs(self, inputs: Optional[Mapping[HostToDeviceStream, np.ndarray]] = None,
                          outputs: Optional[Mapping[DeviceToHostStream, np.ndarray]] = None,
                          downcast_inputs: bool = True) -> None:
-        """Run once, writing into the caller's `outputs` arrays."""
+        """Run once, writing into the caller's `outputs` arrays. Every argument is checked
+        before anything runs; a run that fails marks the Session failed (see `reset`)."""
         self._require_attached()
-        inputs = inputs or {}
-        outputs = outputs or {}
+        inputs = as_stream_mapping(inputs, "Session.run_with_outputs", "input")
+        outputs = as_stream_mapping(outputs, "Session.run_with_outputs", "output")
         self._validate_run_inputs(inputs)
         self._validate_run_outputs(outputs)
         in_arrays = [self._convert_input(s, inputs[s], downcast_inputs) for s in self._h2d]
         out_arrays = []
         for s in self._d2h:
             o = outputs[s]
-            if not isinstance(o, np.ndarray) or o.dtype != storage_numpy(s.dtype):
-                raise TypeError(f"Session.run_with_outputs: output for stream '{s.tensor_id}' "
-                                f"must be a NumPy array of dtype {s.dtype.name} "
-                                f"({storage_numpy(s.dtype)})")
+            check_output_array(s.tensor_id, o, storage_numpy(s.dtype), s.dtype.name)
             out_arrays.append(self._as_transfers(s, o, False))
-        self._runtime.run(in_arrays, out_arrays)
         self._out_of_sync = True
+        self._on_device("Session.run", self._runtime.run, in_arrays, out_arrays)
+
+    def _on_device(self, what: str, fn, *args):
+        """Call a runtime operation that changes the device. The first one to fail marks the
+        Session failed; while failed, every such call raises SessionFailed naming it."""
+        if self._failure is not None:
+            raise session_failed(what, self._failure) from self._failure
+        try:
+            return fn(*args)
+        except BaseException as e:
+            self._failure = e
+            raise
+
+    def reset(self) -> None:
+        """popxl-dist extension: clear a failed state (after a run or weight transfer failed,
+        every device operation raises SessionFailed) by restoring every replica from the host
+        weights: the values last copied to the host (by `weights_to_host`, `get_tensor_data`
+        or `write_variable_data`). When detached, the next `with session:` uploads them. Raises
+        again if the workers cannot be reached (e.g. one died: create a new Session)."""
+        self._failure = None
+        self._kept_on_device = False
+        self._out_of_sync = False
+        if self._attached:
+            self.weights_from_host()
 
     def _expected_outputs(self) -> Set[DeviceToHostStream]:
         """The d2h streams the program writes (every stream with a host_store)."""
@@ -280,28 +325,41 @@ class Session:
     def weights_to_host(self) -> None:
         """Copy every variable from the device into the host buffers."""
         self._require_attached()
-        self._runtime.run_fragment("weights_to_host")
-        values = self._runtime.read_variables(list(self._variables))
+        self._sync_to_host("Session.weights_to_host")
+
+    def _sync_to_host(self, what: str) -> None:
+        """Read every variable from the device into the host copy. Host buffers are replaced,
+        not overwritten (except memmaps: the file is the host copy), so arrays returned by
+        `get_tensor_data` earlier keep their values."""
+        values = self._on_device(what, self._read_device_weights)
         for tid, value in values.items():
             buf = self._host_weights[tid]
             if isinstance(buf, np.memmap) and not buf.flags.writeable:
                 # A read-only file keeps being the host value while the device agrees with it.
                 if not np.array_equal(buf, value):
                     self._host_weights[tid] = value
-            elif buf.shape == value.shape:
+            elif isinstance(buf, np.memmap) and buf.shape == value.shape:
                 buf[...] = value
-                if isinstance(buf, np.memmap):
-                    buf.flush()
+                buf.flush()
             else:
                 self._host_weights[tid] = value
         self._out_of_sync = False
+        self._kept_on_device = False
+
+    def _read_device_weights(self) -> Dict[str, np.ndarray]:
+        self._runtime.run_fragment("weights_to_host")
+        return self._runtime.read_variables(list(self._variables))
 
     def weights_from_host(self) -> None:
         """Copy every host weight to the device."""
         self._require_attached()
-        self._runtime.write_variables(self._host_weights)
-        self._runtime.run_fragment("weights_from_host")
+        self._on_device("Session.weights_from_host", self._upload_weights, self._host_weights)
         self._out_of_sync = False
+
+    def _upload_weights(self, values: Dict[str, np.ndarray], fragment: bool = True) -> None:
+        self._runtime.write_variables(values)
+        if fragment:
+            self._runtime.run_fragment("weights_from_host")
 
     def _check_tensor(self, t) -> None:
         if not isinstance(t, (Variable, Constant)):
@@ -311,17 +369,32 @@ class Session:
             raise ValueError(f"get_tensor_data: tensor '{t.id}' belongs to another Ir")
 
     def get_tensor_data(self, tensor) -> np.ndarray:
-        """The host value of a Variable (synced from the device first if needed) or Constant."""
+        """The host value of a Variable (synced from the device first if needed) or Constant.
+
+        Deviation from upstream (which returns a view of its host buffer, so the array changes
+        at the next sync and writing into it changes what the next attach uploads): the result
+        is a read-only snapshot. It never changes afterwards, and writing into it raises;
+        `.copy()` it to modify it. (A variable backed by an np.memmap returns the memmap itself,
+        as upstream: the file is the host copy the user chose to share, which later syncs
+        update.)"""
         return self.get_tensors_data([tensor])[tensor]
 
     def get_tensors_data(self, tensors: Iterable) -> Dict:
+        """`{tensor: get_tensor_data(tensor)}`, syncing from the device at most once."""
         tensors = list(tensors)
         for t in tensors:
             self._check_tensor(t)
-        if self._attached and self._out_of_sync and any(isinstance(t, Variable) for t in tensors):
-            self.weights_to_host()
-        return {t: (self._host_weights[t.id] if isinstance(t, Variable) else t._info.data)
+        if self._device_is_newer() and any(isinstance(t, Variable) for t in tensors):
+            self._sync_to_host("get_tensor_data")
+        return {t: read_only(self._host_weights[t.id] if isinstance(t, Variable)
+                             else t._info.data)
                 for t in tensors}
+
+    def _device_is_newer(self) -> bool:
+        """Whether the device holds newer weights than the host copy that a read must fetch:
+        after a run while attached (as upstream), or after leaving `with session:` by an
+        exception (which skipped the copy to the host)."""
+        return self._kept_on_device or (self._attached and self._out_of_sync)
 
     def write_variable_data(self, tensor, data) -> None:
         self.write_variables_data({tensor: data})
@@ -372,14 +445,19 @@ class Session:
                 raise ValueError(f"write_variable_data: variable '{v.id}' expects host data of "
                                  f"shape {tuple(v.shape_on_host)}, got {arr.shape}")
             updates[v.id] = arr
-        if self._attached and self._out_of_sync:
-            self.weights_to_host()
+        if self._device_is_newer():
+            self._sync_to_host("write_variable_data")
         for tid, arr in updates.items():
             buf = self._host_weights[tid]
-            if isinstance(buf, np.memmap) or buf.shape == arr.shape:
+            if isinstance(buf, np.memmap):
                 buf[...] = arr
-            else:
-                self._host_weights[tid] = arr.copy()
+            else:       # a new buffer: earlier get_tensor_data results keep their values
+                self._host_weights[tid] = np.array(arr, copy=True)
+        if self._attached:
+            # RTS shards on the device are loaded from their buffers by the fragment.
+            sharded = any(self._variables[t].extra.get("sharded") for t in updates)
+            self._on_device("write_variable_data", self._upload_weights,
+                            {t: self._host_weights[t] for t in updates}, sharded)
         return list(updates)
 
     def copy_weights_to(self, other: "Session", mapping: Mapping[Variable, Variable]) -> None:
@@ -411,8 +489,9 @@ class Session:
         if (self._attached and other._attached and not overlaps
                 and self._runtime.shares_workers_with(other._runtime)):
             plans, host_ids = self._copy_plan(other, [(s.id, d.id) for s, d in pairs])
-            if any(plans):
-                self._copy_on_workers(other, plans)
+            if any(plans):      # (a failure marks both Sessions failed)
+                other._on_device("copy_weights_to", self._on_device, "copy_weights_to",
+                                 self._copy_on_workers, other, plans)
             host_ids = set(host_ids)
             via_host = [(s, d) for s, d in pairs if (s.id, d.id) in host_ids]
         if via_host:

@@ -401,6 +401,7 @@ def _wrap(graph: "Graph", info: TensorInfo) -> Tensor:
 
 def _new_tensor(graph: "Graph", name: Optional[str], shape, dtype, kind: str,
                 meta_shape=(), data=None, extra=None) -> TensorInfo:
+    graph.ir._check_not_frozen(f"{kind} tensor '{name or 't'}'")
     gd = graph._data
     tid = graph.ir._data.unique_tensor_id(gd, graph._scoped_tensor_id(name or "t"))
     info = TensorInfo(tid, tuple(shape), dtype, kind, tuple(meta_shape or ()), data, extra)

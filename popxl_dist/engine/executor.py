@@ -12,9 +12,10 @@ import numpy as np
 
 from .._ir.records import IrData, TensorKind
 from ..dtypes import storage_numpy
-from ..errors import EngineError, RunAborted, WorkerError
+from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerError
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
+from .transfers import store_shortfalls
 
 __all__ = ["ReplicaContext", "Worker", "group_layout", "shard_of", "unshard"]
 
@@ -46,6 +47,14 @@ class ReplicaContext:
         self.out_count[slot] = k + 1
         chunks = self.out_chunks[slot]
         chunks[k % len(chunks)][...] = value
+
+
+def _replica_span(replicas: Sequence[int]) -> str:
+    """`replica 3` or `replicas 2..5` (a contiguous block)."""
+    replicas = list(replicas)
+    if len(replicas) == 1:
+        return f"replica {replicas[0]}"
+    return f"replicas {replicas[0]}..{replicas[-1]}"
 
 
 def shard_of(value: np.ndarray, info, replica: int, size: int) -> np.ndarray:
@@ -98,6 +107,10 @@ class Worker:
                 ctx.remote[bid] = np.zeros((rec["entries"], *rec["shape"]),
                                            storage_numpy(rec["dtype"]))
         self._single = len(self.ctxs) == 1
+        # d2h streams a conditional may store fewer than num_host_transfers times: checked
+        # after each run (the Session refuses programs that always store too few).
+        _, possible = store_shortfalls(ir, p.d2h_streams)
+        self._short_store_slots = [(p.d2h_streams.index(s), s) for s in possible]
 
     # --- weights -----------------------------------------------------------------------
     def write_weights(self, values: Dict[str, np.ndarray]) -> None:
@@ -213,6 +226,20 @@ class Worker:
                 ctx.out_chunks[s] = [arr[t, j, ...] for t in range(arr.shape[0])]
                 ctx.out_count[s] = 0
         self._execute(self.program.main)
+        if self._short_store_slots:
+            self._check_store_counts()
+
+    def _check_store_counts(self) -> None:
+        n = self.ir.num_host_transfers
+        for ctx in self.ctxs:
+            for slot, stream in self._short_store_slots:
+                k = ctx.out_count[slot]
+                if k < n:
+                    raise EngineError(
+                        f"replica {ctx.replica}: device-to-host stream '{stream}' was stored "
+                        f"{k} time(s) in this run but num_host_transfers is {n} (a conditional "
+                        f"skipped its host_store): transfers {k}..{n - 1} of its output would "
+                        f"be uninitialised memory. Store to it {n} time(s) in every run.")
 
     def _execute(self, cg) -> None:
         if cg.has_collectives:
@@ -228,7 +255,10 @@ class Worker:
                 raise err from e
 
     def _explain(self, exc: BaseException, replica: int) -> BaseException:
-        """An EngineError naming the op (and the replica when there are several)."""
+        """An EngineError naming the op (and the replica when there are several); another
+        worker's failure (e.g. raised by the Ray backend's watchdog) passes unchanged."""
+        if isinstance(exc, (WorkerError, RunAborted)):
+            return exc
         err = explain_error(self.program, exc)
         if self.ir.replication_factor > 1:
             op = getattr(err, "op", None)
@@ -266,6 +296,10 @@ class Worker:
             comm.tag = step.tag
             try:
                 sends = step.fn(comm, [s[1] for s in steps])
+            except CollectiveTimeout as e:
+                if e.op is not None:
+                    raise                        # another worker's, already described
+                raise self._timed_out(step.op, e) from None
             except (WorkerError, RunAborted):
                 raise                            # another worker's failure, already described
             except Exception as e:  # noqa: BLE001
@@ -274,6 +308,19 @@ class Worker:
                                   f"{type(e).__name__}: {e}")
                 err.op = step.op
                 raise err from e
+
+    def _timed_out(self, op, exc: CollectiveTimeout) -> CollectiveTimeout:
+        """The transport's timeout, naming the op, the replicas that waited and the silent
+        workers with their replicas."""
+        layout = self.comm.layout
+        silent = ", ".join(f"worker {w} ({_replica_span(layout.replicas_of(w))})"
+                           for w in exc.workers)
+        err = CollectiveTimeout(
+            f"{op.describe()}: collective timed out on {_replica_span(self.replicas)} (worker "
+            f"{self.comm.worker}) waiting for {silent or 'its peers'}, which sent nothing "
+            f"(stopped, hung, or far slower than the others): {exc}")
+        err.op, err.replicas, err.workers = op, tuple(self.replicas), tuple(exc.workers)
+        return err
 
     def _divergence(self, steps) -> str:
         where = []

@@ -148,6 +148,7 @@ def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: 
            graph: Optional[Graph] = None) -> List[Tensor]:
     """Append one op of `op_type` to the current graph and return its new output tensors."""
     g = graph if graph is not None else gcg()
+    g.ir._check_not_frozen(f"{op_type} '{settings_name}'")
     for t in inputs:
         check_in_graph(g, t, settings_name)
     check_no_float8(op_type, settings_name, inputs)

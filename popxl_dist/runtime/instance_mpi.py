@@ -68,10 +68,13 @@ class _InstanceTransport(MPITransport):
                     next_check = now + _CHECK_PERIOD
                     group.check(pending, mtag)
                     if now - start > group.timeout:
-                        raise CollectiveTimeout(
+                        silent = sorted(pending) or sorted(sends)
+                        err = CollectiveTimeout(
                             f"instance {group.index}: collective (tag {tag}) got no data from "
-                            f"instance(s) {sorted(pending) or sorted(sends)} within "
-                            f"{group.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                            f"instance(s) {silent} within {group.timeout:g} s "
+                            f"(POPXL_COLLECTIVE_TIMEOUT)")
+                        err.workers, err.timeout = tuple(silent), group.timeout
+                        raise err
                 backoff.wait()
         except BaseException as e:
             group.mark_broken(e)

@@ -92,10 +92,12 @@ class SocketTransport(Transport):
             g.read_hub()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise CollectiveTimeout(
+                silent = sorted(inc) or sorted(out)
+                err = CollectiveTimeout(
                     f"instance {g.index}: collective (tag {tag}) got no data from instance(s) "
-                    f"{sorted(inc) or sorted(out)} within {g.timeout:g} s "
-                    f"(POPXL_COLLECTIVE_TIMEOUT)")
+                    f"{silent} within {g.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                err.workers, err.timeout = tuple(silent), g.timeout
+                raise err
             rlist = [g.socks[p] for p in inc] + [g.hub]
             wlist = [g.socks[p] for p in out]
             select.select(rlist, wlist, [], min(left, _POLL))

@@ -27,18 +27,45 @@ class WorkerPool:
     closed = False      # set when the pool shuts down; sessions closing later do nothing
     _sids = itertools.count(1)
     _runs = itertools.count(1)
+    _busy = 0           # calls in progress (a Session collected during one closes after it)
+    _closing: List[int] = []
 
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
         raise NotImplementedError
 
+    def session_call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
+        """`call`, after closing the Sessions collected while another call was running."""
+        if self._closing and not self._busy:
+            self._close_pending()
+        self._busy += 1
+        try:
+            return self.call(sid, cmd, payloads)
+        finally:
+            self._busy -= 1
+
     def new_session(self, ir: IrData, layout: Layout) -> int:
         sid = next(self._sids)
-        self.call(sid, "open", [(ir, layout)] * self.size)
+        self.session_call(sid, "open", [(ir, layout)] * self.size)
         return sid
 
     def close_session(self, sid: int) -> None:
-        if not self.closed:
-            self.call(sid, "close", [None] * self.size)
+        """Free a Session on the workers. Called by the garbage collector, which may run in the
+        middle of another call: the close then waits for the next call (a nested call would
+        take that call's replies)."""
+        if self.closed:
+            return
+        if self._busy:
+            self._closing = self._closing + [sid]
+            return
+        self.call(sid, "close", [None] * self.size)
+
+    def _close_pending(self) -> None:
+        pending, self._closing = self._closing, []
+        for sid in pending:
+            try:
+                self.close_session(sid)
+            except Exception:  # noqa: BLE001 - as PoolRuntime.close: nothing left to free
+                pass
 
 
 class PoolRuntime(Runtime):
@@ -56,7 +83,7 @@ class PoolRuntime(Runtime):
 
     def _call(self, cmd: str, payloads: Sequence[Any]) -> List[Any]:
         try:
-            return self.pool.call(self.sid, cmd, payloads)
+            return self.pool.session_call(self.sid, cmd, payloads)
         except WorkerDied as e:
             held = []
             for w in getattr(e, "workers", ()):

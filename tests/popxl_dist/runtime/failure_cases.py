@@ -8,8 +8,17 @@ Scenarios (each prints `ok <scenario> <seconds>` or `FAIL <scenario>: <details>`
   diverge   a conditional runs an all-reduce on replica 0 only: the host gets an exception saying
             the replicas diverged, instead of a hang.
   crash     the process of worker 1 is killed during a session (mpi / ray only): the host gets
-            WorkerDied naming worker 1 within 10 s.
+            WorkerDied naming worker 1 within 10 s; the Session then refuses runs
+            (SessionFailed) and cannot be reset (WorkerDied).
   sleep     a long run (for Ctrl-C tests): prints `running` and runs a long program.
+  long      like sleep, with no collective for the whole loop; prints
+            `running host=PID workers=PID,... segments=PATH,...` (the MPI job's shared memory).
+  crash_long  worker 1 is killed (mpi / ray) while every replica computes a long loop with no
+            collective: WorkerDied naming worker 1 within 2 s of the kill.
+  stall     worker 1 is stopped (SIGSTOP, mpi / ray) before a collective: CollectiveTimeout
+            naming the op, the replicas and worker 1 at POPXL_COLLECTIVE_TIMEOUT (run with a
+            few seconds), not later.
+  (crash_long and stall also print `job segments=PATH,...`.)
 Exit status: number of failed scenarios.
 """
 from __future__ import annotations
@@ -17,13 +26,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
 
 import popxl
 import popxl.ops as ops
-from popxl.errors import EngineError, WorkerDied
+from popxl.errors import CollectiveTimeout, EngineError, SessionFailed, WorkerDied
 
 R = 2
 
@@ -117,6 +127,15 @@ def scenario_crash() -> None:
         print(f"crash reported after {took:.2f} s: {e}", flush=True)
     else:
         raise AssertionError("killing worker 1 raised nothing")
+    with sess:          # failed: runs raise naming the death; a reset cannot reach worker 1
+        for call, err in ((lambda: sess.run({xs: data, ix: idx}), SessionFailed),
+                          (sess.reset, WorkerDied)):
+            try:
+                call()
+            except err as e:
+                assert "worker" in str(e) and "died" in str(e), str(e)
+            else:
+                raise AssertionError(f"no {err.__name__} after the crash")
 
 
 def scenario_sleep() -> None:
@@ -135,8 +154,95 @@ def scenario_sleep() -> None:
         sess.run()
 
 
+def _long_loop_program(iterations: int):
+    """A repeat of small matmuls with no collective, then one all-reduce (all ones: a fixed
+    point of the loop)."""
+    ir = popxl.Ir(replication=R)
+    with ir.main_graph:
+        w = popxl.variable(np.ones((128, 128), np.float32), name="w")
+        g = ir.create_graph(lambda t: ops.matmul(t, t) * (1 / 128), w)
+        y, = ops.repeat(g, iterations, w)
+        ops.collectives.replicated_all_reduce_(y)
+    return ir
+
+
+def _job_segments() -> str:
+    if os.environ.get("POPXL_BACKEND") != "mpi":
+        return ""
+    from popxl.runtime.mpi_segments import mpich_segments
+
+    return ",".join(mpich_segments())
+
+
+def scenario_long() -> None:
+    ir = _long_loop_program(300_000)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        workers = ",".join(str(_worker_pid(i)) for i in range(1, R)) \
+            if os.environ.get("POPXL_BACKEND") in ("mpi", "ray") else ""
+        print(f"running host={os.getpid()} workers={workers} segments={_job_segments()}",
+              flush=True)
+        sess.run()
+
+
+def scenario_crash_long() -> None:
+    ir = _long_loop_program(300_000)
+    killed = []
+
+    def kill() -> None:
+        killed.append(time.monotonic())
+        os.kill(_worker_pid(1), signal.SIGKILL)
+
+    with popxl.Session(ir, "ipu_hw") as sess:
+        print(f"job segments={_job_segments()}", flush=True)
+        timer = threading.Timer(1.0, kill)
+        timer.start()
+        try:
+            sess.run()
+        except WorkerDied as e:
+            took = time.monotonic() - killed[0]
+            assert "worker 1" in str(e) or "[1]" in str(e), str(e)
+            assert took < 2, f"the death was reported {took:.2f} s after the kill"
+            print(f"crash_long reported {took:.2f} s after the kill: {e}", flush=True)
+        else:
+            raise AssertionError("killing worker 1 raised nothing")
+        finally:
+            timer.cancel()
+
+
+def scenario_stall() -> None:
+    ir = popxl.Ir(replication=R)
+    with ir.main_graph:
+        xs = popxl.h2d_stream((4,), popxl.float32, "x")
+        y = ops.collectives.replicated_all_reduce(ops.host_load(xs, "x"))
+        ys = popxl.d2h_stream(y.shape, popxl.float32, "y")
+        ops.host_store(ys, y)
+    from popxl.runtime.env import collective_timeout
+
+    timeout = collective_timeout()
+    data = np.ones((R, 4), np.float32)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        print(f"job segments={_job_segments()}", flush=True)
+        sess.run({xs: data})
+        os.kill(_worker_pid(1), signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            sess.run({xs: data})
+        except CollectiveTimeout as e:
+            took = time.monotonic() - t0
+            msg = str(e)
+            assert "ReplicatedAllReduce" in msg and "worker 1" in msg and "replica 1" in msg \
+                and "replica 0" in msg, msg
+            assert e.workers == (1,), e.workers
+            assert took < timeout + 1.5, f"CollectiveTimeout after {took:.2f} s ({timeout} s)"
+            print(f"stall: CollectiveTimeout after {took:.2f} s (timeout {timeout:g} s): {msg}",
+                  flush=True)
+        else:
+            raise AssertionError("a stopped worker raised nothing")
+
+
 SCENARIOS = {"error": scenario_error, "diverge": scenario_diverge, "crash": scenario_crash,
-             "sleep": scenario_sleep}
+             "sleep": scenario_sleep, "long": scenario_long, "crash_long": scenario_crash_long,
+             "stall": scenario_stall}
 
 
 def main(names) -> int:

@@ -70,12 +70,11 @@ def test_wrong_arguments_are_refused():
         src.copy_weights_to(dst, {b: b})
     with pytest.raises(ValueError, match="destination variable 'w' does not belong"):
         src.copy_weights_to(dst, {a: a})
-    src2, a2 = _program(name="w2")
-    ir = a.ir
+    ir = popxl.Ir(replication=2)        # (an Ir is frozen once a Session exists: build first)
     with ir.main_graph:
-        extra = popxl.variable(np.zeros((2, 3), np.float32), name="x")
+        w, x = (popxl.variable(np.zeros((2, 3), np.float32), name=n) for n in ("w", "x"))
     with pytest.raises(ValueError, match="destination 'b' is mapped from both"):
-        popxl.Session(ir, "ipu_hw").copy_weights_to(dst, {a: b, extra: b})
+        popxl.Session(ir, "ipu_hw").copy_weights_to(dst, {w: b, x: b})
 
 
 def _assert_cases_pass(res) -> None:
