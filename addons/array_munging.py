@@ -34,38 +34,41 @@ def repeat(x: np.ndarray, n: int, axis: int = 0) -> np.ndarray:
     return np.repeat(np.expand_dims(x, axis), n, axis=axis)
 
 
-def repeat_axis(x: np.ndarray, n: int, axis: int) -> np.ndarray:
+def repeat_axis(x: np.ndarray, n: int, axis: int = 0) -> np.ndarray:
     """Tile existing `axis` `n` times."""
     reps = [1] * x.ndim
     reps[axis] = n
     return np.tile(x, reps)
 
 
-def split2D(x: np.ndarray, n1: int, n2: int, axis1: int, axis2: int) -> List[np.ndarray]:
-    """Split along axis1 into n1 pieces, each along axis2 into n2: a flat list of n1*n2."""
-    return [p2 for p1 in np.split(x, n1, axis=axis1) for p2 in np.split(p1, n2, axis=axis2)]
+def split2D(x: np.ndarray, n_1: int, n_2: int, axis_1: int, axis_2: int) -> List[np.ndarray]:
+    """Split along axis_1 into n_1 pieces, each along axis_2 into n_2: a flat list of
+    n_1*n_2."""
+    return [p2 for p1 in np.split(x, n_1, axis=axis_1) for p2 in np.split(p1, n_2, axis=axis_2)]
 
 
-def shard2D(x: np.ndarray, n1: int, n2: int, axis1: int, axis2: int) -> np.ndarray:
-    """`split2D` stacked on a new axis 0 (axis1 is the outer one)."""
-    return np.ascontiguousarray(np.stack(split2D(x, n1, n2, axis1, axis2)))
+def shard2D(x: np.ndarray, n_1: int, n_2: int, axis_1: int, axis_2: int) -> np.ndarray:
+    """`split2D` stacked on a new axis 0 (axis_1 is the outer one)."""
+    return np.ascontiguousarray(np.stack(split2D(x, n_1, n_2, axis_1, axis_2)))
 
 
-def unshard2D(x: np.ndarray, n1: int, n2: int, axis1: int, axis2: int) -> np.ndarray:
+def unshard2D(x: np.ndarray, n_1: int, n_2: int, axis_1: int, axis_2: int) -> np.ndarray:
     """Inverse of `shard2D`."""
-    rows = [np.concatenate(list(x[i * n2:(i + 1) * n2]), axis=axis2) for i in range(n1)]
-    return np.concatenate(rows, axis=axis1)
+    rows = [np.concatenate(list(x[i * n_2:(i + 1) * n_2]), axis=axis_2) for i in range(n_1)]
+    return np.concatenate(rows, axis=axis_1)
 
 
-def repeat_shard(x: np.ndarray, n_repeats: int, n_shards: int, axis: int,
-                 repeat_type: str = "contiguous") -> np.ndarray:
-    """Shards of `x` repeated: contiguous `[s0,s0,s1,s1]` or strided `[s0,s1,s0,s1]`."""
-    shards = shard(x, n_shards, axis)
-    if repeat_type == "contiguous":
+def repeat_shard(x: np.ndarray, n_repeats: int, n_shards: int, shard_axis: int,
+                 sharded_tensor: str = "contiguous") -> np.ndarray:
+    """Shards of `x` (split along `shard_axis`) repeated: "contiguous" `[s0,s0,s1,s1]` or
+    "strided" `[s0,s1,s0,s1]`."""
+    shards = shard(x, n_shards, shard_axis)
+    if sharded_tensor == "contiguous":
         return np.repeat(shards, n_repeats, axis=0)
-    if repeat_type == "strided":
+    if sharded_tensor == "strided":
         return np.concatenate([shards] * n_repeats, axis=0)
-    raise ValueError(f"repeat_type must be 'contiguous' or 'strided', got {repeat_type!r}")
+    raise ValueError(f"sharded_tensor must be 'contiguous' or 'strided', got "
+                     f"{sharded_tensor!r}")
 
 
 def squeeze_safe(x: np.ndarray, axis=None) -> np.ndarray:
@@ -78,24 +81,24 @@ def squeeze_safe(x: np.ndarray, axis=None) -> np.ndarray:
     return np.squeeze(x, axis=axes) if axes else x
 
 
-def tensor_parallel_input(data: np.ndarray, tp: int, rf: int,
+def tensor_parallel_input(input_data: np.ndarray, tp: int, rf: int,
                           repeat_fn: Optional[Callable[[np.ndarray, int], np.ndarray]] = None
                           ) -> np.ndarray:
     """Host data `[n, ...]` laid out as `[n_host_transfers, rf, ...]` so that consecutive `tp`
     replicas get the same sample; host-load and replica axes of size 1 are squeezed."""
     dp = rf // tp
-    data = np.asarray(data)
+    data = np.asarray(input_data)
     n = data.shape[0]
     x = data.reshape(n // dp, dp, *data.shape[1:])
     x = repeat_fn(x, tp) if repeat_fn is not None else np.repeat(x, tp, axis=1)
     return squeeze_safe(x, [0, 1])
 
 
-def tensor_parallel_output(out: np.ndarray, num_host_transfers: int, tp: int, rf: int,
+def tensor_parallel_output(output_data: np.ndarray, num_host_transfers: int, tp: int, rf: int,
                            data_shape, tp_identical: bool = True,
                            true_num_host_transfers: Optional[int] = None) -> np.ndarray:
     """Inverse of `tensor_parallel_input` for identical tp outputs: one copy per dp replica."""
-    out = np.asarray(out).reshape(num_host_transfers, rf, *data_shape)
+    out = np.asarray(output_data).reshape(num_host_transfers, rf, *data_shape)
     if tp_identical:
         out = out[:, ::tp]
     if true_num_host_transfers is not None:

@@ -8,7 +8,11 @@ from .utils import OrderedDict
 
 __all__ = ["DotTree", "to_mapping", "sanitise"]
 
-LEAF = TypeVar("LEAF")
+L = TypeVar("L")                       # leaf type
+K = TypeVar("K")
+V = TypeVar("V")
+CLS = TypeVar("CLS", bound="DotTree")
+LEAF = L
 Key = Union[str, int]
 
 
@@ -85,9 +89,9 @@ class DotTree(Generic[LEAF]):
                 raise ValueError(f"'{key}' already exists")
         self._map[head] = value
 
-    def update(self, other: "DotTree", overwrite: bool = False) -> None:
-        """Insert every top-level entry of a copy of `other`."""
-        for k, v in other.copy()._map.items():
+    def update(self, values: "DotTree", overwrite: bool = False) -> None:
+        """Insert every top-level entry of a copy of `values`."""
+        for k, v in values.copy()._map.items():
             self.insert(k, v, overwrite)
 
     # --- lookup ------------------------------------------------------------------------
@@ -124,14 +128,14 @@ class DotTree(Generic[LEAF]):
     def __getitem__(self, key: Key) -> Union[LEAF, "DotTree"]:
         return self.get(key)
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or "_map" not in self.__dict__:
-            raise AttributeError(name)
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__") or "_map" not in self.__dict__:
+            raise AttributeError(key)
         try:
-            return self.get(name)
+            return self.get(key)
         except KeyError:
             keys = "\n".join(self._map)
-            raise AttributeError(f"No attribute '{name}'. Available Keys:\n{keys}") from None
+            raise AttributeError(f"No attribute '{key}'. Available Keys:\n{keys}") from None
 
     def __contains__(self, key: Key) -> bool:
         try:
@@ -182,6 +186,10 @@ class DotTree(Generic[LEAF]):
     def __len__(self) -> int:
         return len(self._map)
 
+    def len(self) -> int:  # noqa: A003 - upstream's method name
+        """The number of top-level entries (leaves and sub-trees)."""
+        return len(self._map)
+
     def _flat_items(self, prefix: str = "") -> Iterable[Tuple[str, Any]]:
         for k, v in self._map.items():
             if isinstance(v, DotTree):
@@ -228,9 +236,9 @@ class DotTree(Generic[LEAF]):
                     for k, v in self._map.items()}
         return new
 
-    def to_mapping(self, other: "DotTree") -> Dict[Any, Any]:
-        """`{self_leaf: other_leaf}` for the flat keys present in both trees."""
-        return to_mapping(self, other)
+    def to_mapping(self, values: "DotTree") -> Dict[Any, Any]:
+        """`{self_leaf: values_leaf}` for the flat keys present in both trees."""
+        return to_mapping(self, values)
 
     def _clear(self) -> None:
         """Remove all leaves recursively, keeping (now empty) sub-trees."""
@@ -251,7 +259,8 @@ class DotTree(Generic[LEAF]):
         self.__dict__.update(state)
 
 
-def to_mapping(a: DotTree, b: DotTree) -> Dict[Any, Any]:
-    """`{a_leaf: b_leaf}` for the flat keys common to `a` and `b` (others are dropped)."""
-    bd = b.to_dict()
-    return {v: bd[k] for k, v in a.to_dict().items() if k in bd}
+def to_mapping(key: DotTree, value: DotTree) -> Dict[Any, Any]:
+    """`{key_leaf: value_leaf}` for the flat keys common to the trees `key` and `value` (others
+    are dropped)."""
+    vd = value.to_dict()
+    return {v: vd[k] for k, v in key.to_dict().items() if k in vd}

@@ -31,9 +31,9 @@ class BoundGraph:
         """Like `call` but returns the `CallSiteInfo`."""
         return ops.call_with_info(self.graph, *targs, inputs_dict={**self.args, **(args or {})})
 
-    def bind(self, args: Optional[Mapping] = None) -> "BoundGraph":
+    def bind(self, args: Mapping) -> "BoundGraph":
         """A new BoundGraph with `args` merged over the bound ones."""
-        return BoundGraph(self.graph, {**self.args, **(args or {})})
+        return BoundGraph(self.graph, {**self.args, **args})
 
     def subgraph_io_map(self, *targs: Any, args: Optional[Mapping] = None,
                         outs: Optional[Tuple[popxl.Tensor, ...]] = None) -> Dict:
@@ -65,14 +65,14 @@ class GraphWithNamedArgs:
         self.args = args if args is not None else NamedTensors()
         self._grad_graph_info = grad_graph_info
         self.from_module = from_module
-        self.aux = dict(aux or {})
+        self._aux = dict(aux or {})
         self.called_graphs_grad_info = dict(called_graphs_grad_info or {})
         self.autodiff_applied = False
 
     @classmethod
-    def from_grad_graph(cls, grad_info: GradGraphInfo,
+    def from_grad_graph(cls, grad_graph_info: GradGraphInfo,
                         args: Optional[NamedTensors] = None) -> "GraphWithNamedArgs":
-        return cls(grad_info.graph, args, grad_graph_info=grad_info)
+        return cls(grad_graph_info.graph, args, grad_graph_info=grad_graph_info)
 
     @property
     def grad_graph_info(self) -> GradGraphInfo:
@@ -136,9 +136,9 @@ class GraphWithNamedArgs:
                 numbers[tid] = len(numbers) + 1
             return f"%{numbers[tid]}"
 
-        def desc(tid: str) -> str:
-            t = g._tensor(tid)
-            return f"{num(tid)} [{tuple(t.shape)} {t.dtype.name}]"
+        def desc(pb_tensor) -> str:
+            t = popxl.Tensor._from_pb_tensor(pb_tensor)
+            return f"{num(t.id)} [{tuple(t.shape)} {t.dtype.name}]"
 
         names, tensors = self.args.unpack()
         arg_ids = {t.id: n for n, t in zip(names, tensors)}
@@ -148,11 +148,11 @@ class GraphWithNamedArgs:
             ins.append(f"{arg_ids[t.id]}={s}" if t.id in arg_ids else s)
         lines = []
         for op in g._pb_graph.getOpSchedule(True):
-            head = f"{op.type}.{op.id}"
-            if op.type in ("Call", "Loop") and op.called:
-                head += f"({op.called[0]})"
-            i_s = ", ".join(desc(t) for t in op.inputs)
-            o_s = ", ".join(desc(t) for t in op.outputs)
+            head = f"{op.opType()}.{op.id}"
+            if hasattr(op, "getCalledGraph"):
+                head += f"({op.getCalledGraph().id.str()})"
+            i_s = ", ".join(desc(t) for t in op.getInputTensors())
+            o_s = ", ".join(desc(t) for t in op.getOutputTensors())
             lines.append(f"    {head} ({i_s}) -> ({o_s})")
         outs = ", ".join(num(t.id) for t in g.outputs)
         header = [f"Graph : {g.name}", f"  ({', '.join(ins)}) -> ({outs}) {{"]

@@ -11,13 +11,18 @@ from popxl import ops
 
 from .graph import BoundGraph, GraphWithNamedArgs
 
-__all__ = ["GraphCache", "function"]
+__all__ = ["GraphCache", "function", "bound_arguments", "tensor_hash", "argument_hash",
+           "get_function_hash"]
+
+
+def _tensor_key(t: Any) -> Any:
+    return ("tensor", tuple(t.shape), t.dtype, tuple(t.meta_shape or ()))
 
 
 def _arg_hash(x: Any) -> Any:
     """A hashable key for one bound argument (tensors by spec, graphs by graph, ...)."""
     if isinstance(x, (popxl.Tensor, popxl.TensorSpec)):
-        return ("tensor", tuple(x.shape), x.dtype, tuple(x.meta_shape or ()))
+        return _tensor_key(x)
     if isinstance(x, BoundGraph):
         return ("bound", x.graph, tuple((k.id, _arg_hash(v)) for k, v in x.args.items()))
     if isinstance(x, GraphWithNamedArgs):
@@ -38,6 +43,43 @@ def _build_fn(fn: Callable) -> Callable:
     return fn.build if isinstance(fn, popxl.Module) else fn
 
 
+def bound_arguments(fn: Callable, *args: Any, **kwargs: Any) -> inspect.BoundArguments:
+    """`args`/`kwargs` bound to `fn`'s parameters (a Module's `build`), defaults applied."""
+    bound = inspect.signature(_build_fn(fn)).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound
+
+
+def tensor_hash(t: Any) -> int:
+    """Hash of a Tensor or TensorSpec by shape, dtype and meta_shape (what a graph input is)."""
+    return hash(_tensor_key(t))
+
+
+def argument_hash(arg: Any) -> int:
+    """Hash of one argument as the cache sees it (tensors by spec, graphs by identity, other
+    values by value; unhashable values raise TypeError)."""
+    return hash(_arg_hash(arg))
+
+
+def _function_key(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """The cache key of building `fn` with these arguments in the current context."""
+    ctx = popxl.context.get_current_context()
+    try:
+        items = tuple((k, _arg_hash(v)) for k, v in
+                      bound_arguments(fn, *args, **kwargs).arguments.items())
+    except (TypeError, ValueError) as e:
+        if "not hashable" in str(e):
+            raise
+        items = (tuple(_arg_hash(a) for a in args),
+                 tuple((k, _arg_hash(v)) for k, v in sorted(kwargs.items())))
+    return (fn, ctx.ipu_id, ctx.tile_set, items)
+
+
+def get_function_hash(fn: Callable, *args: Any, **kwargs: Any) -> int:
+    """Hash of building `fn` with these arguments here: equal hashes reuse the same graph."""
+    return hash(_function_key(fn, *args, **kwargs))
+
+
 class GraphCache:
     """Per-Ir cache {hash(fn, ipu, tile set, bound arguments): Graph}.
 
@@ -51,25 +93,11 @@ class GraphCache:
         self._cache: "weakref.WeakKeyDictionary[popxl.Ir, Dict[Any, popxl.Graph]]" = \
             weakref.WeakKeyDictionary()
 
-    def _key(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-        ctx = popxl.context.get_current_context()
-        try:
-            sig = inspect.signature(_build_fn(fn))
-            bound = sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            items = tuple((k, _arg_hash(v)) for k, v in bound.arguments.items())
-        except (TypeError, ValueError) as e:
-            if "not hashable" in str(e):
-                raise
-            items = (tuple(_arg_hash(a) for a in args),
-                     tuple((k, _arg_hash(v)) for k, v in sorted(kwargs.items())))
-        return (fn, ctx.ipu_id, ctx.tile_set, items)
-
     def create_graph(self, fn: Callable, *args: Any, **kwargs: Any) -> popxl.Graph:
         """The cached graph for these arguments, or a new one from `ir.create_graph`."""
         ir = popxl.gir()
         cache = self._cache.setdefault(ir, {})
-        key = self._key(fn, *args, **kwargs)
+        key = _function_key(fn, *args, **kwargs)     # the full key: no hash collisions
         graph = cache.get(key)
         if graph is None:
             graph = ir.create_graph(fn, *args, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import popxl
 from popxl.transforms import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
@@ -75,6 +75,9 @@ class _Aux:
     def __contains__(self, key: str) -> bool:
         return key in self._store
 
+    def __repr__(self) -> str:
+        return f"_Aux({self._store!r})"
+
     def copy(self) -> Dict[str, Any]:
         return dict(self._store)
 
@@ -116,21 +119,27 @@ def _has_build_grad(module: Any) -> bool:
 
 
 def create_grad_graph_info(ir: popxl.Ir, fwd_graph: popxl.Graph, grad_graph: popxl.Graph,
-                           grad_in_to_fwd: Dict[popxl.Tensor, Tuple[popxl.Tensor, bool]],
-                           grad_out_to_fwd_in: Dict[popxl.Tensor, popxl.Tensor]) -> GradGraphInfo:
+                           grad_input_to_fwd_output: Mapping[popxl.Tensor, popxl.Tensor],
+                           grad_output_to_fwd_input: Mapping[popxl.Tensor, popxl.Tensor],
+                           fwd_tensors: Mapping[popxl.Tensor, popxl.Tensor]) -> GradGraphInfo:
     """A GradGraphInfo for a hand-written gradient graph.
 
     Args:
-        grad_in_to_fwd: {grad input: (fwd tensor, is_grad)}; `is_grad` gives a FwdGrad
-            connection (the gradient of the fwd tensor), otherwise Fwd (the fwd tensor itself).
-        grad_out_to_fwd_in: {grad output: fwd input it is the gradient of}.
+        grad_input_to_fwd_output: {grad input: fwd output it is the gradient of} (FwdGrad).
+        grad_output_to_fwd_input: {grad output: fwd input it is the gradient of}.
+        fwd_tensors: {grad input: fwd tensor it receives as is} (Fwd, e.g. stitched aux).
     """
     ins = []
     for gi in grad_graph.inputs:
-        fwd_t, is_grad = grad_in_to_fwd[gi]
-        ins.append(ExpectedConnection(fwd_t, ExpectedConnectionType.FwdGrad if is_grad
-                                      else ExpectedConnectionType.Fwd))
-    outs = [ExpectedConnection(grad_out_to_fwd_in[go], ExpectedConnectionType.FwdGrad)
+        if gi in grad_input_to_fwd_output:
+            ins.append(ExpectedConnection(grad_input_to_fwd_output[gi],
+                                          ExpectedConnectionType.FwdGrad))
+        elif gi in fwd_tensors:
+            ins.append(ExpectedConnection(fwd_tensors[gi], ExpectedConnectionType.Fwd))
+        else:
+            raise ValueError(f"create_grad_graph_info: gradient graph input '{gi.id}' is in "
+                             f"neither `grad_input_to_fwd_output` nor `fwd_tensors`")
+    outs = [ExpectedConnection(grad_output_to_fwd_input[go], ExpectedConnectionType.FwdGrad)
             for go in grad_graph.outputs]
     return GradGraphInfo(grad_graph, fwd_graph, ins, outs)
 
@@ -173,16 +182,15 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
                              f"Not: {grad_inlining_error}")
         if cache and _has_build_grad(self):
             raise ValueError("You cannot use graph caching if you have implemented `build_grad`.")
-        d = self.__dict__
-        d["_variable_factories"] = NamedVariableFactories()
-        d["_named_inputs"] = NamedTensors()
-        d["_graph_cache"] = GraphCache() if cache else None
-        d["_args_cache"] = {}
-        d["_grad_inlining_error"] = grad_inlining_error
-        d["aux"] = _Aux(self)
-        d["var_grad"] = _VarGrads(self)
-        d["called_graphs_grad_info"] = {}
-        d["_sub_grad_infos"] = []
+        self._variable_factories = NamedVariableFactories()
+        self._named_inputs = NamedTensors()
+        self._graph_cache = GraphCache() if cache else None
+        self._args_cache = {}
+        self.grad_inlining_error = grad_inlining_error
+        self.aux = _Aux(self)
+        self.var_grad = _VarGrads(self)
+        self.called_graphs_grad_info = {}
+        self._sub_grad_infos = []
 
     # --- sub-modules -------------------------------------------------------------------
     def __setattr__(self, key: str, value: Any) -> None:
@@ -190,7 +198,7 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
             if "_variable_factories" not in self.__dict__:
                 raise AttributeError(f"{type(self).__name__}: call super().__init__() before "
                                      f"assigning the sub-module '{key}'")
-            value.__dict__["_name_scope"] = key
+            value.set_name_scope(key)
             self._variable_factories.insert(key, value._variable_factories, overwrite=True)
             self._named_inputs.insert(key, value._named_inputs, overwrite=True)
             self._sub_grad_infos.append(value)
@@ -203,33 +211,42 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         out.update(self.called_graphs_grad_info)
         return out
 
+    @property
+    def implements_grad_graph(self) -> bool:
+        """Whether this module has a hand-written gradient (`build_grad` is overridden)."""
+        return _has_build_grad(self)
+
+    def set_name_scope(self, name: str) -> None:
+        """Build this module's ops inside `popxl.name_scope(name)` (set for sub-modules)."""
+        self.__dict__["_name_scope"] = name
+
     @classmethod
-    def from_list(cls, modules: Iterable["Module"]) -> "Module":
+    def from_list(cls, sub_modules: Iterable["Module"]) -> "Module":
         """A plain Module with the sub-modules as attributes "0", "1", ..."""
         m = Module()
-        subs = list(modules)
+        subs = list(sub_modules)
         for i, sub in enumerate(subs):
             setattr(m, str(i), sub)
         m.__dict__["_sub_modules"] = subs
         return m
 
     @classmethod
-    def from_variable_factories(cls, variable_fs: Iterable[VariableFactory]) -> "Module":
+    def from_variable_factories(cls, inputs: Iterable[VariableFactory]) -> "Module":
         """A Module with input "i" per factory (in the current graph), attribute i its tensor."""
         m = Module()
-        for i, vf in enumerate(variable_fs):
+        for i, vf in enumerate(inputs):
             t = m.add_variable_factory(vf, str(i))
             object.__setattr__(m, str(i), t)
         return m
 
-    def get(self, i: int) -> "Module":
-        return self[i]
+    def get(self, key: int) -> "Module":
+        return self[key]
 
-    def __getitem__(self, i: int) -> "Module":
+    def __getitem__(self, item: int) -> "Module":
         subs = self.__dict__.get("_sub_modules")
         if subs is None:
-            return getattr(self, str(i))
-        return subs[i]
+            return getattr(self, str(item))
+        return subs[item]
 
     def __iter__(self) -> Iterator["Module"]:
         subs = self.__dict__.get("_sub_modules")
@@ -250,9 +267,9 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
             msg = (f"{type(self).__name__}: `build_grad` has been implemented but the module is "
                    f"being called directly, so it is inlined and `build_grad` will not be used. "
                    f"Use `self.call_module` instead.")
-            if self._grad_inlining_error == "error":
+            if self.grad_inlining_error == "error":
                 raise Exception(msg)
-            if self._grad_inlining_error == "warning":
+            if self.grad_inlining_error == "warning":
                 warnings.warn(msg, UserWarning)
         return self.build(*args, **kwargs)
 
@@ -385,7 +402,7 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         return _call
 
     # --- hand-written gradients --------------------------------------------------------
-    def build_grad(self, *grads: popxl.Tensor):
+    def build_grad(self, *args: Any, **kwargs: Any):
         """Override to give the module a hand-written gradient (see `create_grad_graph`)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement build_grad")
 
@@ -419,7 +436,7 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         var_tensors = set(fwd_graph.args.values_flat())
         non_var = [t for t in required if t not in var_tensors]
         var_req = [t for t in required if t in var_tensors]
-        state = {"aux_store": dict(fwd_graph.aux), "aux_inputs": {}, "var_grads": {},
+        state = {"aux_store": dict(fwd_graph._aux), "aux_inputs": {}, "var_grads": {},
                  "args": fwd_graph.args}
         outputs: List[popxl.Tensor] = []
 
@@ -468,9 +485,8 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
                 if t not in fwd.outputs and t not in fwd.inputs:
                     popxl.graph_output(t)
         g_ins = grad_graph.inputs
-        in_map = {g_ins[i]: (provided[i], True) for i in range(n)}
-        for gi, fwd_t in state["aux_inputs"].values():
-            in_map[gi] = (fwd_t, False)
+        grad_map = {g_ins[i]: provided[i] for i in range(n)}
+        fwd_map = dict(state["aux_inputs"].values())
         out_map = dict(zip(grad_graph.outputs, non_var + var_req))
-        info = create_grad_graph_info(popxl.gir(), fwd, grad_graph, in_map, out_map)
+        info = create_grad_graph_info(popxl.gir(), fwd, grad_graph, grad_map, out_map, fwd_map)
         return GraphWithNamedArgs.from_grad_graph(info)

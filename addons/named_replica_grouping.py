@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Iterable, Optional
+from typing import Iterable, Optional, TypeVar
 
 import popdist
 import popxl
@@ -17,6 +17,7 @@ __all__ = ["NamedReplicaGrouping", "fill_none_group", "get_instance_replica_grou
            "is_cross_ild"]
 
 logger = logging.getLogger(__name__)
+CLS = TypeVar("CLS", bound="NamedReplicaGrouping")
 
 
 class NamedReplicaGrouping(DotTree[ReplicaGrouping]):
@@ -28,14 +29,15 @@ class NamedReplicaGrouping(DotTree[ReplicaGrouping]):
         return cls.from_dict({n: value for n in names})
 
 
-def fill_none_group(rg: Optional[ReplicaGrouping],
-                    none_value: Optional[ReplicaGrouping] = None) -> ReplicaGrouping:
-    """`rg`, or else `none_value`, or else the all-replicas grouping of the current Ir."""
-    if rg is not None:
-        return rg
-    if none_value is not None:
-        return none_value
-    return popxl.gcg().ir.replica_grouping()
+def fill_none_group(rg: Optional[ReplicaGrouping], none_value: ReplicaGrouping
+                    ) -> ReplicaGrouping:
+    """`rg`, or `none_value` when `rg` is None."""
+    return none_value if rg is None else rg
+
+
+def _or_all(rg: Optional[ReplicaGrouping]) -> ReplicaGrouping:
+    """`rg`, or the all-replicas grouping of the current Ir."""
+    return fill_none_group(rg, popxl.gcg().ir.replica_grouping())
 
 
 def _restrict(rg: ReplicaGrouping, block: int, what: str) -> ReplicaGrouping:
@@ -80,14 +82,14 @@ def get_instance_replica_grouping(replica_grouping: Optional[ReplicaGrouping] = 
     that cross instances are cut at the instance boundaries (`ir.instance_replication_factor`
     consecutive replicas); a constant grouping keeps its stride."""
     ir = popxl.gcg().ir
-    rg = fill_none_group(replica_grouping)
+    rg = _or_all(replica_grouping)
     return _restrict(rg, ir.instance_replication_factor, "get_instance_replica_grouping")
 
 
 def is_cross_instance(replica_grouping: Optional[ReplicaGrouping]) -> bool:
     """Whether some group of `replica_grouping` spans several popdist instances."""
     ir = popxl.gcg().ir
-    return _crosses(fill_none_group(replica_grouping), ir.instance_replication_factor)
+    return _crosses(_or_all(replica_grouping), ir.instance_replication_factor)
 
 
 _warned = False
@@ -123,12 +125,12 @@ def get_ild_replica_grouping(replica_grouping: Optional[ReplicaGrouping] = None
     """`replica_grouping` (default all replicas) restricted to one IPU-link domain
     (`get_ild_size_from_popdist()` consecutive replicas)."""
     ir = popxl.gcg().ir
-    rg = fill_none_group(replica_grouping)
+    rg = _or_all(replica_grouping)
     return _restrict(rg, min(get_ild_size_from_popdist(), ir.replication_factor),
                      "get_ild_replica_grouping")
 
 
 def is_cross_ild(replica_grouping: Optional[ReplicaGrouping]) -> bool:
     """Whether some group of `replica_grouping` spans several IPU-link domains."""
-    rg = fill_none_group(replica_grouping)
+    rg = _or_all(replica_grouping)
     return _crosses(rg, get_ild_size_from_popdist())

@@ -10,7 +10,9 @@ from popxl import ops
 
 from .dot_tree import DotTree
 
-__all__ = ["NamedTensors", "NamedTensorData", "print_named_tensors"]
+__all__ = ["NamedTensors", "NamedTensorData", "print_named_tensors", "TensorMap"]
+
+TensorMap = Mapping[popxl.Tensor, popxl.Tensor]
 
 
 class NamedTensors(DotTree[popxl.Tensor]):
@@ -35,7 +37,7 @@ class NamedTensorData(DotTree[np.ndarray]):
     """A DotTree of host arrays."""
 
 
-def print_named_tensors(nt: NamedTensors) -> NamedTensors:
+def print_named_tensors(named_tensors: NamedTensors) -> NamedTensors:
     """`ops.print_tensor` every tensor, titled with its key; returns the printed tensors."""
     return NamedTensors.from_dict({k: ops.print_tensor(t, title=k)
-                                   for k, t in nt.to_dict().items()})
+                                   for k, t in named_tensors.to_dict().items()})

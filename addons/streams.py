@@ -2,20 +2,22 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Tuple
+from typing import Any, Iterable, Iterator, Tuple, TypeVar
 
 import popxl
 
-__all__ = ["InputStreams", "OutputStreams"]
+__all__ = ["InputStreams", "OutputStreams", "StreamType"]
+
+StreamType = TypeVar("StreamType", bound=popxl.streams.Stream)
 
 
 class _Streams(OrderedDict):
-    _make = None
+    stream_init = None      # the stream factory of the subclass (h2d_stream / d2h_stream)
 
     def __init__(self, **kwargs: Tuple[Tuple[int, ...], popxl.dtype]):
         super().__init__()
         for name, (shape, dtype) in kwargs.items():
-            super().__setitem__(name, type(self)._make(shape, dtype, name))
+            super().__setitem__(name, type(self).stream_init(shape, dtype, name))
 
     @classmethod
     def from_streams(cls, streams: Iterable) -> "_Streams":
@@ -43,10 +45,10 @@ class _Streams(OrderedDict):
 class InputStreams(_Streams):
     """`InputStreams(x=((4, 2), popxl.float32))`: h2d streams by name."""
 
-    _make = staticmethod(popxl.h2d_stream)
+    stream_init = staticmethod(popxl.h2d_stream)
 
 
 class OutputStreams(_Streams):
     """`OutputStreams(y=((4,), popxl.float32))`: d2h streams by name."""
 
-    _make = staticmethod(popxl.d2h_stream)
+    stream_init = staticmethod(popxl.d2h_stream)

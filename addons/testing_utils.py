@@ -11,10 +11,13 @@ from popxl import ops
 __all__ = ["ops_of_type", "TensorInput", "run_module"]
 
 
-def ops_of_type(pb_ops: Iterable, op_type: Union[str, type]) -> int:
-    """How many of `pb_ops` (records of `_pb_graph.getOps()`) have type `op_type`."""
-    name = op_type if isinstance(op_type, str) else op_type.__name__.replace("Op", "")
-    return sum(1 for op in pb_ops if op.type == name)
+def ops_of_type(ops: Iterable, op_type: Union[type, str]) -> int:
+    """How many of `ops` (views from `_pb_graph.getOps()`) are instances of `op_type`, an op
+    class such as `popart._internal.ir.op.MatMulOp` (or, as an extension, an op type string
+    such as "MatMul")."""
+    if isinstance(op_type, str):
+        return sum(1 for op in ops if op.opType() == op_type)
+    return sum(1 for op in ops if isinstance(op, op_type))
 
 
 class TensorInput:

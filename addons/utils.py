@@ -5,6 +5,8 @@ import contextlib
 import logging
 import re
 import time
+import typing
+from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import numpy as np
@@ -12,9 +14,13 @@ import numpy as np
 import popxl
 
 __all__ = ["OrderedDict", "WeightsDict", "timer", "suffix_graph_name", "overrides",
-           "duplicate_items", "null_context", "peekable"]
+           "duplicate_items", "null_context", "peekable", "WANDB_IMPORTED"]
 
 logger = logging.getLogger("popxl_addons")
+# Upstream logs `timer` results to Weights & Biases when wandb imports; the emulator never does
+# (no network), so `timer(..., log_to_wandb=True)` only logs locally.
+WANDB_IMPORTED = False
+E = typing.TypeVar("E")
 
 
 class OrderedDict(dict):
@@ -29,14 +35,22 @@ class OrderedDict(dict):
             return "{}"
         return "{\n" + "".join(f"{k}: {v!r},\n" for k, v in self.items()) + "}"
 
-    def idx(self, i: int) -> Any:
-        return list(self.values())[i]
+    def idx(self, idx: int) -> Any:
+        return list(self.values())[idx]
 
 
-class WeightsDict(dict):
-    """A dict {popxl Variable: np.ndarray} that checks dtype and host shape on insertion."""
+class WeightsDict(MutableMapping):
+    """A mapping {popxl Variable: np.ndarray} that checks dtype and host shape on insertion
+    (also for the initial `*args, **kwargs`, as `dict(...)`). The data is in `.dict`."""
 
-    def __setitem__(self, key, value) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.dict: dict = {}
+        self.update(dict(*args, **kwargs))
+
+    def __getitem__(self, key: popxl.Tensor) -> np.ndarray:
+        return self.dict[key]
+
+    def __setitem__(self, key: popxl.Tensor, value: Any) -> None:
         if not isinstance(key, popxl.Tensor):
             raise TypeError(f"WeightsDict keys must be popxl Variables, got {type(key).__name__}")
         arr = np.asarray(value)
@@ -47,11 +61,19 @@ class WeightsDict(dict):
         if tuple(arr.shape) != tuple(want):
             raise ValueError(f"WeightsDict: '{key.name}' has host shape {tuple(want)}, the data "
                              f"has shape {arr.shape}")
-        super().__setitem__(key, arr)
+        self.dict[key] = arr
 
-    def update(self, other=(), **kw) -> None:  # route through the checks
-        for k, v in dict(other, **kw).items():
-            self[k] = v
+    def __delitem__(self, key: popxl.Tensor) -> None:
+        del self.dict[key]
+
+    def __len__(self) -> int:
+        return len(self.dict)
+
+    def __iter__(self) -> Iterator[popxl.Tensor]:
+        return iter(self.dict)
+
+    def __repr__(self) -> str:
+        return f"WeightsDict({self.dict!r})"
 
 
 @contextlib.contextmanager
@@ -70,19 +92,15 @@ def suffix_graph_name(name: str, suffix: str) -> str:
     return re.sub(r"_subgraph\(\d+\)$", "", name) + f"_{suffix}"
 
 
-def overrides(cls: type, method: str) -> bool:
-    """Whether `method` of `cls` differs from its original (top-most base) definition."""
-    impl = getattr(cls, method, None)
-    for base in reversed(cls.__mro__):
-        if method in base.__dict__:
-            return impl is not base.__dict__[method]
-    return False
+def overrides(cls: type, base_cls: type, method: str) -> bool:
+    """Whether `cls` (a subclass of `base_cls`) overrides `base_cls.<method>`."""
+    return getattr(cls, method, None) is not getattr(base_cls, method, None)
 
 
-def duplicate_items(items: Iterable) -> List:
+def duplicate_items(iterable: Iterable) -> List:
     """Items that occur more than once, in first-occurrence order."""
     seen, dups = [], []
-    for x in items:
+    for x in iterable:
         if x in seen:
             if x not in dups:
                 dups.append(x)

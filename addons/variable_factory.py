@@ -7,11 +7,13 @@ endless peekable generator and peeked once at construction (that second draw is 
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
+import popdist
 import popxl
 from popxl import ops
 from popxl.utils import to_numpy
@@ -22,12 +24,15 @@ from .named_tensors import NamedTensors
 from .utils import peekable, repeatfunc
 
 __all__ = ["VariableFactory", "NamedVariableFactories", "add_variable_input",
-           "add_replica_sharded_variable_input"]
+           "add_replica_sharded_variable_input", "host_scalar_tensor_types"]
+
+logger = logging.getLogger(__name__)
+# What a data source may yield (torch tensors are also accepted, recognised by their module).
+host_scalar_tensor_types = (float, int, bool, np.number, np.bool_, np.ndarray)
 
 
 def _is_host_data(x: Any) -> bool:
-    return (isinstance(x, (np.ndarray, int, float, bool, np.generic))
-            or type(x).__module__.startswith("torch"))
+    return isinstance(x, host_scalar_tensor_types) or type(x).__module__.startswith("torch")
 
 
 class VariableFactory:
@@ -108,17 +113,35 @@ class VariableFactory:
 
     def next_memmap(self, memmap_dir: str, name: str, empty: bool = False,
                     read_only_if_exists: bool = False) -> np.memmap:
-        """The next value stored in `<memmap_dir>/<name>.npy` (as a memmap)."""
+        """The next value as an `np.memmap` of the file `<memmap_dir>/<name>.npy`.
+
+        As upstream, the file holds the raw array (no `.npy` header; read it back with
+        `np.memmap` or `np.fromfile`), which is also what `TaskSession.save_checkpoint` copies.
+        An existing file is opened read-only with `read_only_if_exists` (nothing is drawn).
+        Otherwise popdist instance 0 writes the next value (every instance draws it, so the
+        data sources stay in step) and, in a popdist run, every instance waits for it
+        (`popdist.barrier`) before opening the file for reading and writing.
+        """
         path = os.path.join(memmap_dir, f"{name}.npy")
         groups = self.replica_grouping.num_groups
-        shape = self._full_shape if groups == 1 else (groups, *self._full_shape)
-        if os.path.exists(path) and read_only_if_exists:
-            return np.memmap(path, self.dtype.as_numpy(), "r", shape=shape)
-        os.makedirs(memmap_dir, exist_ok=True)
-        mm = np.memmap(path, self.dtype.as_numpy(), "w+", shape=shape)
-        if not empty:
-            mm[...] = self.next_data()
-        return mm
+        shape = tuple(self._full_shape if groups == 1 else (groups, *self._full_shape))
+        dtype = self.dtype.as_numpy()
+        if read_only_if_exists and os.path.exists(path):
+            want = int(np.prod(shape)) * dtype.itemsize
+            if os.path.getsize(path) != want:
+                raise ValueError(f"next_memmap: '{path}' holds {os.path.getsize(path)} bytes, "
+                                 f"the variable needs {want} ({shape} {dtype})")
+            return np.memmap(path, dtype, mode="r", shape=shape)
+        data = None if empty else self.next_data()
+        if popdist.getInstanceIndex() == 0:
+            os.makedirs(memmap_dir, exist_ok=True)
+            mm = np.memmap(path, dtype, mode="w+", shape=shape)
+            if data is not None:
+                mm[...] = data
+            mm.flush()
+            del mm
+        popdist.barrier()
+        return np.memmap(path, dtype, mode="r+", shape=shape)
 
     def _next_value(self, name: Optional[str], empty: bool, memmap_dir: Optional[str],
                     read_only_if_exists: bool):

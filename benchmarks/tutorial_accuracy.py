@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+import popart, popdist, popxl  # noqa: E402,F401  (first: the folders tests/popart and
+# tests/popdist would be found as namespace packages once tests/ is on sys.path)
 sys.path[:0] = [str(ROOT / "tests" / "addons"), str(ROOT / "tests")]
 
 import test_seed_programs as programs  # noqa: E402

@@ -108,6 +108,14 @@ class MicroBatchStep(addons.Module):
         self.bwd_graph.bind(accums).call(dlogits, args=activations)
 
 
+def reset_accumulators(accums: addons.NamedTensors) -> None:
+    """Restart the running means of `autodiff_with_accumulation`'s accumulators: with the
+    counter at 0 the next accumulation overwrites them; zeroing them as well keeps them tidy."""
+    ops.var_updates.accumulator_scale_(accums.mean_accum_counter, 0.0)
+    for g in accums.accum.to_dict().values():
+        ops.var_updates.accumulator_scale_(g, 0.0)
+
+
 def init_variables(facts: addons.NamedVariableFactories,
                    retrieval_mode: str = "one_per_group") -> addons.NamedTensors:
     """`facts.init()` (same order, same draws) with a chosen retrieval mode: "all_replicas"
@@ -147,7 +155,7 @@ class TrainProgram:
         self.variables = variables
         self.optimiser_state = optimiser_state
         self.accumulation = accumulation
-        self.replicas = replicas
+        self.replicas = replicas          # the replicas this process feeds (its instance's)
         self.micro_batch = micro_batch
 
     @property
@@ -161,13 +169,14 @@ class TrainProgram:
         return lead + tuple(shape)
 
 
-def build_train_program(replicas: int = 2, accumulation: int = 4, micro_batch: int = 8,
+def build_train_program(replicas: int | str = 2, accumulation: int = 4, micro_batch: int = 8,
                         lr: float = 1e-3, seed: int = 42,
                         retrieval_mode: str = "one_per_group") -> TrainProgram:
     """Build the data-parallel training program and its Session (not yet attached).
 
     Args:
-        replicas: replication factor R.
+        replicas: replication factor R, or "popdist" (the launcher's instances: the
+            program's `replicas` is then this instance's share).
         accumulation: micro batches accumulated per optimiser step (= num_host_transfers).
         micro_batch: images per replica per micro batch.
         lr: Adam learning rate.
@@ -202,22 +211,18 @@ def build_train_program(replicas: int = 2, accumulation: int = 4, micro_batch: i
 
             # Data parallelism: every replica gets the mean gradient over all replicas.
             grads = variables.to_mapping(accums.accum)
-            if replicas > 1:
+            if ir.replication_factor > 1:
                 for g in grads.values():
                     ops.collectives.replicated_all_reduce_(g, op="mean")
 
             adam_state = optimiser_step(variables, grads, AdamOptimizerStep(cache=True), lr)
 
-            # Restart the running means: with the counter at 0 the next accumulation
-            # overwrites the accumulators; zeroing them as well keeps their values tidy.
-            ops.var_updates.accumulator_scale_(accums.mean_accum_counter, 0.0)
-            for g in grads.values():
-                ops.var_updates.accumulator_scale_(g, 0.0)
+            reset_accumulators(accums)
 
     ir.num_host_transfers = accumulation
     session = popxl.Session(ir, "ipu_hw")
     return TrainProgram(session, [img_stream, label_stream], loss_stream, variables,
-                        adam_state, accumulation, replicas, micro_batch)
+                        adam_state, accumulation, ir.instance_replication_factor, micro_batch)
 
 
 def train_batches(images: np.ndarray, labels: np.ndarray, program: TrainProgram, epoch: int,
@@ -331,6 +336,26 @@ def parse_checked(p: argparse.ArgumentParser, argv, positive=()) -> argparse.Nam
     return args
 
 
+def finish(program: TrainProgram, args: argparse.Namespace, t0: float,
+           after_training=None) -> int:
+    """The end of every MNIST example's `main`: train, (`after_training()`), save the weights
+    (`--save-weights`), evaluate on the test set, print the accuracy and the times."""
+    t_train = time.perf_counter()
+    losses = train(program, args.epochs, args.limit, progress=not args.no_progress)
+    t_train = time.perf_counter() - t_train
+    if after_training is not None:
+        after_training()
+    weights = trained_weights(program)
+    if args.save_weights:
+        np.savez(args.save_weights, **weights)
+    acc = test(weights, args.test_batch_size, args.test_batches, progress=not args.no_progress)
+    print(f"Accuracy on test set: {acc:0.2f}%")
+    print(f"Training time: {t_train:0.1f} s ({1000 * t_train / max(len(losses), 1):0.0f} ms "
+          f"per step)")
+    print(f"Total time: {time.perf_counter() - t0:0.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = training_parser(__doc__.splitlines()[0], replicas=2)
     args = parse_checked(p, argv)
@@ -340,14 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                                   args.seed)
     print(f"Training: {args.replicas} replicas x {args.accumulation} accumulation steps x "
           f"micro batch {args.micro_batch} = {program.global_batch} images per step")
-    train(program, args.epochs, args.limit, progress=not args.no_progress)
-    weights = trained_weights(program)
-    if args.save_weights:
-        np.savez(args.save_weights, **weights)
-    acc = test(weights, args.test_batch_size, args.test_batches, progress=not args.no_progress)
-    print(f"Accuracy on test set: {acc:0.2f}%")
-    print(f"Total time: {time.perf_counter() - t0:0.1f} s")
-    return 0
+    return finish(program, args, t0)
 
 
 if __name__ == "__main__":

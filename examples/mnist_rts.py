@@ -211,9 +211,7 @@ def build_train_program(replicas: int = 4, accumulation: int = 4, micro_batch: i
                 addons.store_remote_graph(weight_buffers).bind(shards).call(0)
 
             # 5. Restart the running means (as the DP example).
-            ops.var_updates.accumulator_scale_(accums.mean_accum_counter, 0.0)
-            for g in accums.accum.to_dict().values():
-                ops.var_updates.accumulator_scale_(g, 0.0)
+            dp.reset_accumulators(accums)
 
     ir.num_host_transfers = accumulation
     session = popxl.Session(ir, "ipu_hw")
@@ -295,18 +293,13 @@ def main(argv: list[str] | None = None) -> int:
               f"(and their Adam moments)")
     else:
         print("Nothing sharded")
-    dp.train(program, args.epochs, args.limit, progress=not args.no_progress)
-    if args.memory_report:
-        with program.session:
-            print(memory_table({"RTS" if program.sharded else "no RTS": program}))
-    weights = dp.trained_weights(program)
-    if args.save_weights:
-        np.savez(args.save_weights, **weights)
-    acc = dp.test(weights, args.test_batch_size, args.test_batches,
-                  progress=not args.no_progress)
-    print(f"Accuracy on test set: {acc:0.2f}%")
-    print(f"Total time: {time.perf_counter() - t0:0.1f} s")
-    return 0
+
+    def report() -> None:
+        if args.memory_report:
+            with program.session:
+                print(memory_table({"RTS" if program.sharded else "no RTS": program}))
+
+    return dp.finish(program, args, t0, report)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,10 @@ def main() -> int:
         pool.serve()
         _ignore_exit_notices()
         return 0
-    from .scripts import run_script
-
     _use_host_stdio()
     code = 1
     try:
-        code = run_script(sys.argv[1], sys.argv[2:])
+        code = _run_target(sys.argv[1], sys.argv[2:], pool.size)
     finally:
         _flush_quietly()
         _report_exit(code)
@@ -59,6 +57,17 @@ def main() -> int:
                   f"rank", file=sys.stderr, flush=True)
             MPI.COMM_WORLD.Abort(code or 1)
     return code
+
+
+def _run_target(target: str, args, workers: int) -> int:
+    """The host's program: a YAML job (checked again here) or the user's script."""
+    if target.endswith((".yaml", ".yml")):
+        from .job.run import main as job_main
+
+        return job_main([target, *args], "mpi", workers)
+    from .scripts import run_script
+
+    return run_script(target, args)
 
 
 def _flush_quietly() -> None:

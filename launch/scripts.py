@@ -5,14 +5,16 @@ import os
 import runpy
 import sys
 import traceback
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 __all__ = ["run_script"]
 
 
-def run_script(path: str, args: Sequence[str]) -> int:
+def run_script(path: str, args: Sequence[str],
+               on_exception: Optional[Callable[[BaseException], None]] = None) -> int:
     """Run `path` with `sys.argv = [path, *args]` like `python path args...`; the exit code is
-    the script's (1 for an uncaught exception, whose traceback is printed)."""
+    the script's (1 for an uncaught exception, whose traceback is printed and which is passed
+    to `on_exception`)."""
     if not os.path.isfile(path):
         print(f"popxl-run: no such script: {path}", file=sys.stderr)
         return 2
@@ -30,11 +32,15 @@ def run_script(path: str, args: Sequence[str]) -> int:
             return code
         print(code, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         traceback.print_exc()
+        if on_exception is not None:
+            on_exception(e)
         return 130
-    except BaseException:  # noqa: BLE001 - reported like the interpreter does
+    except BaseException as e:  # noqa: BLE001 - reported like the interpreter does
         traceback.print_exc()
+        if on_exception is not None:
+            on_exception(e)
         return 1
     finally:
         sys.argv = old_argv

@@ -1,4 +1,5 @@
-"""popxl-dist's `popdist`: the PopDist API that PopXL programs call to learn which instance they are.
+"""popxl-dist's `popdist`: the PopDist API that PopXL programs call to learn which instance they
+are.
 
 Graphcore's `poprun` starts one process per instance and exports `POPDIST_*` variables; upstream's
 `popdist` reads them. This emulator module does the same, and also understands a plain
@@ -8,7 +9,8 @@ multi-instance. The launcher's own single-controller ranks (`popxl-run --backend
 instances: there the script runs once and `isPopdistEnvSet()` is False.
 
 The MPI world is read from the launcher's environment (MPICH/hydra `PMI_RANK`/`PMI_SIZE`, Open MPI
-`OMPI_COMM_WORLD_*`), so importing this module never initialises MPI.
+`OMPI_COMM_WORLD_*`), so importing this module never initialises MPI. popxl-dist's launchers also
+export `POPDIST_NUM_INSTANCES` and `POPDIST_INSTANCE_INDEX` (Ray instances have no MPI world).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Callable, Iterable, Optional, Tuple
 
 __all__ = ["isPopdistEnvSet", "getInstanceIndex", "getNumInstances", "getLocalInstanceIndex",
            "getNumLocalReplicas", "getNumTotalReplicas", "getReplicaIndexOffset",
-           "getNumIpusPerReplica", "getDeviceId", "execute_on_instances", "init"]
+           "getNumIpusPerReplica", "getDeviceId", "execute_on_instances", "init", "barrier"]
 
 _RANK_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
 _LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK")
@@ -128,3 +130,12 @@ def execute_on_instances(instances: Iterable[int], fn: Callable, *args, **kwargs
 
 def init(*args, **kwargs) -> None:
     """Upstream initialises the PopDist backend; the emulator has nothing to set up."""
+
+
+def barrier() -> None:
+    """popxl-dist extension (upstream popdist has none; programs use MPI's): wait until every
+    instance gets here. Unlike `mpi4py.MPI.COMM_WORLD.Barrier()` it also spans Ray instances
+    (`popxl-run --backend ray --instances N`), where each instance's MPI world is itself."""
+    from popxl.runtime.instance_group import barrier as _barrier
+
+    _barrier()

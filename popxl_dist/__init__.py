@@ -5,7 +5,8 @@ from .context import (gcg, get_current_graph, get_ir, get_main_graph, gir, gmg, 
 from .dtypes import (bool, complex64, complex128, double, dtype, float, float8_143, float8_152,
                      float16, float32, float64, half, int8, int16, int32, int64, uint8, uint16,
                      uint32, uint64)
-from .enums import ExecutionContext, ReplicatedTensorSharding, TensorLocation, TensorStorage, TileSet
+from .tensorlocation import (ExecutionContext, ReplicatedTensorSharding, TensorLocation,
+                             TensorStorage, TileSet)
 from .graph import Graph
 from .ir import Ir
 from .module import Module

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import contextlib
-import functools
-from typing import TYPE_CHECKING, Callable, Iterator, List, Union
+import inspect
+from typing import (TYPE_CHECKING, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple,
+                    TypeVar, Union)
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -11,27 +12,66 @@ if TYPE_CHECKING:
 
 __all__ = ["get_current_graph", "gcg", "get_main_graph", "gmg", "get_ir", "gir", "in_sequence",
            "name_scope", "ipu", "io_tiles", "get_current_context", "op_debug_context",
-           "debug_context_frame_offset"]
+           "debug_context_frame_offset", "get_source_location", "Context", "InSequenceKey",
+           "SourceLocation"]
+
+# (graph id, execution context): where in_sequence order is kept (upstream's key type)
+InSequenceKey = Tuple[str, str]
+Fn = TypeVar("Fn")
 
 
 class Context:
     """Process-wide build state. `get_current_context()` returns the single instance."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget all build state (graphs, scopes, placement, hooks)."""
         self.graphs: List["Graph"] = []
         self.name_scopes: List[str] = []
         self.ipu_id = 0
         self.tile_set = "compute"
         self.execution_context = "Normal"
         self.in_sequence_stack: List[Union[bool, str]] = []
+        self._hooks: Dict[int, Callable] = {}
+        self._next_hook = 0
+        # (ir id, graph id, execution context) -> id of the last op created in sequence
+        self._previous_ops: Dict[Tuple[int, str, str], int] = {}
 
     @property
     def graph(self) -> "Graph":
         if not self.graphs:
             raise RuntimeError(
-                "Trying to access a graph, but no graph has been selected: create ops inside "
-                "`with ir.main_graph:` or another graph's context")
+                "Trying to access a graph, but no graph has been selected. Hint - try performing "
+                "the operations in a context manager (e.g. `with graph_instance:`) or inside of a "
+                "function that's called by `popxl.Ir().create_graph()`")
         return self.graphs[-1]
+
+    @property
+    def main_graph(self) -> "Graph":
+        return self.graph.main_graph
+
+    @property
+    def ir(self) -> "Ir":
+        return self.graph.ir
+
+    @property
+    def io_tile_set(self) -> bool:
+        """Whether ops are being placed on the IO tile set (inside `io_tiles()`)."""
+        return self.tile_set == "io"
+
+    @property
+    def in_sequence(self) -> Optional[bool]:
+        """The innermost `in_sequence` mode (None outside any, "pass" blocks are skipped)."""
+        for mode in reversed(self.in_sequence_stack):
+            if mode != "pass":
+                return bool(mode)
+        return None
+
+    @in_sequence.setter
+    def in_sequence(self, mode: Optional[bool]) -> None:
+        self.in_sequence_stack = [] if mode is None else [bool(mode)]
 
     def push_graph(self, g: "Graph") -> None:
         if self.graphs and self.graphs[-1].ir is not g.ir:
@@ -43,6 +83,12 @@ class Context:
     def pop_graph(self) -> None:
         self.graphs.pop()
 
+    def push_name_scope(self, name: str) -> None:
+        self.name_scopes.append(name)
+
+    def pop_name_scope(self) -> None:
+        self.name_scopes.pop()
+
     def scoped_name(self, name: str) -> str:
         return "/".join(self.name_scopes + [name]) if self.name_scopes else name
 
@@ -50,8 +96,41 @@ class Context:
         return {"name": self.scoped_name(name), "ipu": self.ipu_id, "tile_set": self.tile_set,
                 "exec_ctx": self.execution_context}
 
+    # --- op-created hooks ----------------------------------------------------------------
     def register_op_created_hook(self, fn: Callable) -> int:
-        return self.graph.register_op_created_hook(fn)
+        """Call `fn(op)` (an `_ir.Op` view) for every op created in any graph; returns a
+        handle for `remove_op_created_hook`."""
+        handle = self._next_hook
+        self._next_hook += 1
+        self._hooks[handle] = fn
+        return handle
+
+    def remove_op_created_hook(self, handle: int) -> None:
+        if handle not in self._hooks:
+            raise ValueError(f"remove_op_created_hook: no hook is registered with handle "
+                             f"{handle!r}")
+        del self._hooks[handle]
+
+    def _op_created(self, op) -> None:
+        """Run the hooks for a new op (an `_ir.Op` view) and record in_sequence order."""
+        for fn in list(self._hooks.values()):
+            fn(op)
+        self._add_in_sequence_topocons(op)
+
+    def _add_in_sequence_topocons(self, op) -> None:
+        """Inside `in_sequence(True)`, constrain `op` to run after the previous sequenced op of
+        its graph and execution context (recorded in the graph's topo constraints; the engine's
+        creation-order schedule satisfies them)."""
+        mode = self.in_sequence
+        if mode is None:
+            return
+        graph = op._graph
+        key = (graph.ir.id, graph.id, op._op.exec_ctx)
+        prev = self._previous_ops.get(key)
+        if mode and prev is not None:
+            graph._data.topo_cons.append((prev, op.id, False))
+        if mode:
+            self._previous_ops[key] = op.id
 
 
 _CONTEXT = Context()
@@ -82,17 +161,18 @@ gir = get_ir
 
 
 @contextlib.contextmanager
-def in_sequence(enabled: Union[bool, str] = True) -> Iterator[None]:
+def in_sequence(mode: Union[bool, str] = True) -> Iterator[None]:
     """Force ops created inside to run in creation order.
 
     The emulator always executes ops in creation order (a valid schedule, and the one upstream
-    compiles whenever it accepts the program), so this only validates its argument and records
-    the mode. Usable as a decorator too.
+    compiles whenever it accepts the program); the constraints are recorded in the graph.
+    `mode` is True, False (no order among the block's ops) or "pass" (keep the enclosing
+    mode). Usable as a decorator too.
     """
-    if enabled is None or not isinstance(enabled, (bool, str)) or (
-            isinstance(enabled, str) and enabled != "pass"):
-        raise TypeError(f"in_sequence: `enabled` must be True, False or 'pass', got {enabled!r}")
-    _CONTEXT.in_sequence_stack.append(enabled)
+    if mode is None or not isinstance(mode, (bool, str)) or (
+            isinstance(mode, str) and mode != "pass"):
+        raise TypeError(f"in_sequence: `mode` must be True, False or 'pass', got {mode!r}")
+    _CONTEXT.in_sequence_stack.append(mode)
     try:
         yield
     finally:
@@ -102,11 +182,11 @@ def in_sequence(enabled: Union[bool, str] = True) -> Iterator[None]:
 @contextlib.contextmanager
 def name_scope(name: str) -> Iterator[None]:
     """Prefix `name/` to the names of tensors and ops created inside."""
-    _CONTEXT.name_scopes.append(name)
+    _CONTEXT.push_name_scope(name)
     try:
         yield
     finally:
-        _CONTEXT.name_scopes.pop()
+        _CONTEXT.pop_name_scope()
 
 
 @contextlib.contextmanager
@@ -134,10 +214,11 @@ def io_tiles() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _execution_context(ctx) -> Iterator[None]:
-    """Create ops in another execution context (e.g. WeightsFromHostFragment)."""
+def _execution_context(execution_context) -> Iterator[None]:
+    """Create ops in another execution context (an `ExecutionContext` or its name, e.g.
+    "WeightsFromHostFragment")."""
     prev = _CONTEXT.execution_context
-    _CONTEXT.execution_context = getattr(ctx, "name", str(ctx))
+    _CONTEXT.execution_context = getattr(execution_context, "name", str(execution_context))
     try:
         yield
     finally:
@@ -150,14 +231,29 @@ def debug_context_frame_offset(i: int) -> Iterator[None]:
     yield
 
 
-def op_debug_context(name_or_fn):
-    """Decorator used by custom ops: accepted for compatibility, adds nothing."""
-    if callable(name_or_fn):
-        return name_or_fn
+def op_debug_context(name):
+    """Decorator for op builders, as `@op_debug_context("name")` or bare `@op_debug_context`.
 
-    def deco(fn):
-        @functools.wraps(fn)
-        def wrapper(*a, **k):
-            return fn(*a, **k)
-        return wrapper
+    Upstream it opens a PopART debug context; here debug info (where the user built the op) is
+    taken from the stack when the op is created, so the decorator returns the builder unchanged.
+    """
+    if callable(name):
+        return name
+
+    def deco(fn: Fn) -> Fn:
+        return fn
     return deco
+
+
+class SourceLocation(NamedTuple):
+    """Where a call came from (upstream `popart.SourceLocation`)."""
+
+    function_name: str
+    file_name: str
+    line_number: int
+
+
+def get_source_location(offset: int) -> SourceLocation:
+    """The caller `offset` frames above the caller of this function."""
+    frame = inspect.stack()[offset + 1]
+    return SourceLocation(frame.function, frame.filename, frame.lineno)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Mapping
 from typing import Any, Dict, Optional
 
 import numpy as np
 
 __all__ = [
-    "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "np_dtype_float8_143", "np_dtype_float8_152", "dtype", "bool", "int8", "int16", "int32",
+    "int64", "uint8", "uint16", "uint32", "uint64",
     "half", "float8_143", "float8_152", "float16", "float", "float32", "double", "float64",
     "complex64", "complex128",
 ]
@@ -34,6 +36,8 @@ class dtype:
             dtype._by_numpy.setdefault(np_type, self)
 
     name = property(lambda self: self._name)
+    # PopART's name of this type (upstream: the `_ir.DataType` value), e.g. "FLOAT16"
+    _pb_dtype = property(lambda self: _PB_NAMES.get(self._name, self._name.upper()))
     is_complex = property(lambda self: self._is_complex)
     is_int = property(lambda self: self._is_int)
     is_floating_point = property(lambda self: self._is_floating_point)
@@ -61,8 +65,9 @@ class dtype:
             raise ValueError(f"There is no popxl dtype named '{name}'") from None
 
     @classmethod
-    def as_dtype(cls, x: Any) -> "dtype":
+    def as_dtype(cls, type_value: Any) -> "dtype":
         """Convert a str, Python type, NumPy dtype/array, or torch dtype/tensor to a popxl dtype."""
+        x = type_value
         if isinstance(x, dtype):
             return x
         if isinstance(x, str):
@@ -104,6 +109,7 @@ class dtype:
 
 
 _ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
+_PB_NAMES = {"float32": "FLOAT", "float64": "DOUBLE"}
 
 bool = dtype("bool", np.dtype(np.bool_), False, False, False, False, "bool")
 int8 = dtype("int8", np.dtype(np.int8), False, True, False, True, "int8")
@@ -129,6 +135,34 @@ float = float32
 double = float64
 
 FLOAT8_DTYPES = (float8_143, float8_152)
+
+# NumPy dtype -> popxl dtype (the float8 types are the structured `u1` dtypes)
+_NP_TO_POPXL: Dict[np.dtype, dtype] = {**dtype._by_numpy, np_dtype_float8_143: float8_143,
+                                       np_dtype_float8_152: float8_152}
+
+
+class _TorchDtypes(Mapping):
+    """torch dtype -> popxl dtype. Keys are looked up by name (`torch.float16`), so torch is
+    imported only when this is iterated."""
+
+    def __getitem__(self, key: Any) -> dtype:
+        name = str(key).replace("torch.", "")
+        d = dtype._by_name.get(_ALIASES.get(name, name))
+        if d is None or d._torch_name is None:
+            raise KeyError(key)
+        return d
+
+    def __iter__(self):
+        import torch  # optional dependency
+
+        return iter([getattr(torch, d._torch_name) for d in dtype._by_name.values()
+                     if d._torch_name is not None])
+
+    def __len__(self) -> int:
+        return sum(d._torch_name is not None for d in dtype._by_name.values())
+
+
+_PT_TO_POPXL = _TorchDtypes()
 
 
 _UINT8 = np.dtype(np.uint8)

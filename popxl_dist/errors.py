@@ -1,14 +1,20 @@
-"""Exceptions of the popxl API."""
+"""Exceptions of the popxl API.
 
-__all__ = ["UndefinedValue", "EngineError", "WorkerError", "WorkerDied", "CollectiveTimeout",
-           "RunAborted"]
+Errors upstream raises from PopART (`popart.popart_exception`) are raised here as
+`popart_exception` or a subclass (`EngineError` and the worker errors), so `except
+popart.popart_exception` catches them as it does upstream; they are also `RuntimeError`s.
+"""
+from popart import popart_exception
+
+__all__ = ["UndefinedValue", "popart_exception", "EngineError", "WorkerError", "WorkerDied",
+           "InstanceFailed", "CollectiveTimeout", "SessionFailed", "RunAborted"]
 
 
 class UndefinedValue(ValueError):
     """A tensor attribute (such as its ipu) has no defined value."""
 
 
-class EngineError(RuntimeError):
+class EngineError(popart_exception):
     """An op failed while the emulator executed it; the message names the op and where it was built."""
 
 
@@ -20,8 +26,31 @@ class WorkerDied(WorkerError):
     """A worker process died; the pool that held it cannot be used again."""
 
 
-class CollectiveTimeout(EngineError):
-    """A collective waited longer than `POPXL_COLLECTIVE_TIMEOUT` seconds for its peers."""
+class InstanceFailed(WorkerError):
+    """Another popdist instance failed (raised, exited or died); `instance` is its index."""
+
+    def __init__(self, message: str, instance: int = -1):
+        super().__init__(message)
+        self.instance = instance
+
+
+class CollectiveTimeout(WorkerError):
+    """A collective waited longer than `POPXL_COLLECTIVE_TIMEOUT` seconds for a worker that sent
+    nothing (stopped, hung, or far slower than its peers). The message names the op, the
+    replicas that waited and the silent worker; `op`, `replicas` and `workers` (the silent
+    workers) are set when known."""
+
+    op = None
+    replicas: tuple = ()
+    workers: tuple = ()
+
+
+class SessionFailed(EngineError):
+    """A device operation of a Session whose earlier run (or weight transfer) failed: its
+    replicas may be out of step. `first_error` is the failure; `Session.reset()` or a new
+    Session clears it."""
+
+    first_error = None
 
 
 class RunAborted(RuntimeError):

@@ -1,9 +1,9 @@
 """Public `Graph`: a view of one GraphData of an Ir, and the graph context manager."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from ._ir.records import GraphData, Op, TensorKind
+from ._ir.records import GraphData, TensorKind
 from .context import get_current_context
 
 if TYPE_CHECKING:
@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 __all__ = ["Graph"]
+
+# record kind -> upstream tensor type (`Tensor.__init_subclass__(tensor_type=...)`)
+_TENSOR_TYPES = {TensorKind.VARIABLE: "Variable", TensorKind.CONSTANT: "Const"}
 
 
 class Graph:
@@ -21,13 +24,16 @@ class Graph:
                         "ir.create_empty_graph(...)")
 
     @classmethod
+    def _from_pb(cls, pb_graph) -> "Graph":
+        """The Graph of a `_pb_graph` view."""
+        return pb_graph._graph
+
+    @classmethod
     def _create(cls, ir: "Ir", data: GraphData) -> "Graph":
         g = object.__new__(cls)
         g._ir = ir
         g._data = data
         g._wrappers: Dict[str, "Tensor"] = {}
-        g._hooks: Dict[int, Callable] = {}
-        g._next_hook = 0
         return g
 
     # --- identity --------------------------------------------------------------------
@@ -45,8 +51,8 @@ class Graph:
     def main_graph(self) -> "Graph":
         return self._ir.main_graph
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Graph) and other._data is self._data
+    def __eq__(self, value: object) -> bool:
+        return isinstance(value, Graph) and value._data is self._data
 
     def __hash__(self) -> int:
         return hash((self._data.id, id(self._ir)))
@@ -58,10 +64,10 @@ class Graph:
     def _tensor(self, tid: str) -> "Tensor":
         t = self._wrappers.get(tid)
         if t is None:
-            from .tensor import Constant, Tensor, Variable
+            from .tensor import Tensor
 
             info = self._data.tensors[tid]
-            cls = {TensorKind.VARIABLE: Variable, TensorKind.CONSTANT: Constant}.get(info.kind, Tensor)
+            cls = Tensor._tensor_types.get(_TENSOR_TYPES.get(info.kind, ""), Tensor)
             t = cls._create(self, info)
             self._wrappers[tid] = t
         return t
@@ -69,6 +75,11 @@ class Graph:
     def _scoped_tensor_id(self, name: str) -> str:
         scoped = get_current_context().scoped_name(name)
         return f"{self.id}/{scoped}" if self.id else scoped
+
+    def _create_tensor_id(self, name: Optional[str] = None) -> str:
+        """A new tensor id of this graph: `<graph id>/<name scopes>/<name or "t">`, made unique
+        with an IR-wide `__t<k>` suffix."""
+        return self.ir._data.unique_tensor_id(self._data, self._scoped_tensor_id(name or "t"))
 
     @property
     def inputs(self) -> Tuple["Tensor", ...]:
@@ -106,13 +117,13 @@ class Graph:
                     seen.append(c)
         return tuple(self._ir._graph(c) for c in seen)
 
-    def get_tensor(self, tid: str) -> "Tensor":
-        if tid not in self._data.tensors:
-            raise KeyError(f"Graph '{self.id}' has no tensor '{tid}'")
-        return self._tensor(tid)
+    def get_tensor(self, tensor_id: str) -> "Tensor":
+        if tensor_id not in self._data.tensors:
+            raise KeyError(f"Graph '{self.id}' has no tensor '{tensor_id}'")
+        return self._tensor(tensor_id)
 
-    def __contains__(self, t) -> bool:
-        tid = t if isinstance(t, str) else getattr(t, "id", None)
+    def __contains__(self, value) -> bool:
+        tid = value if isinstance(value, str) else getattr(value, "id", None)
         return tid in self._data.tensors
 
     @property
@@ -128,18 +139,19 @@ class Graph:
         get_current_context().pop_graph()
 
     # --- hooks -----------------------------------------------------------------------
-    def register_op_created_hook(self, fn: Callable[[Op], None]) -> int:
-        h = self._next_hook
-        self._next_hook += 1
-        self._hooks[h] = fn
-        return h
+    def register_op_created_hook(self, fn: Callable) -> int:
+        """Call `fn(op)` (an `_ir.Op` view) for every op created in this graph; returns a
+        handle for `remove_op_created_hook`."""
+        data = self._data
+
+        def hook(op) -> None:
+            if op._graph._data is data:
+                fn(op)
+
+        return get_current_context().register_op_created_hook(hook)
 
     def remove_op_created_hook(self, handle: int) -> None:
-        self._hooks.pop(handle, None)
-
-    def _op_created(self, op: Op) -> None:
-        for fn in list(self._hooks.values()):
-            fn(op)
+        get_current_context().remove_op_created_hook(handle)
 
     @property
     def _pb_graph(self):

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict, List, Optional, Set, Union
+import weakref
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Set, Union
+
+from popart import SessionOptions, VirtualGraphMode
 
 from ._ir.records import GraphData, IrData
 from .graph import Graph
@@ -16,20 +19,36 @@ class Ir:
     """A PopXL program: a main graph, subgraphs, streams and replication settings.
 
     Args:
-        replication: the replication factor, or "popdist" to take it from the launcher.
+        replication: the replication factor, or "popdist" to take it from the launcher
+            (poprun, `mpirun -n N`, `popxl-run --instances N`): `replication_factor` is then the
+            global count and `instance_replication_factor` this process's share.
     """
+
+    # Ir id -> Ir, for `Ir._from_pb`
+    _ir_cache: ClassVar["weakref.WeakValueDictionary[int, Ir]"] = weakref.WeakValueDictionary()
 
     def __init__(self, replication: Union[int, str] = 1):
         self._id = next(_IR_IDS)
         self._data = IrData(self._id)
         self._graphs: Dict[str, Graph] = {}
         self._prepared = False
-        self._session_options = None
+        self._session_options: Optional[SessionOptions] = None
         self._streams: Dict[str, Any] = {}
+        self._use_popdist = replication == "popdist"
+        # Set when a variable is backed by a read-only np.memmap (weights cannot go to host).
+        self._has_read_only_memmap = False
+        Ir._ir_cache[self._id] = self
         if replication == "popdist":
-            from .popdist_env import global_replication_factor
+            from .popdist_env import placement_from_popdist
 
-            replication = global_replication_factor()
+            placement = placement_from_popdist(self._pb_ir.getSessionOptions())
+            self._data.replication_factor = placement.total
+            if placement.multi:
+                from .runtime.instance_group import install_failure_hooks
+
+                self._data.instance = placement
+                install_failure_hooks()
+            return
         self.replication_factor = replication
 
     # --- graphs ------------------------------------------------------------------------
@@ -44,7 +63,18 @@ class Ir:
     def main_graph(self) -> Graph:
         return self._graph("")
 
+    def _check_not_frozen(self, what: str) -> None:
+        """Refuse a change to the program once a Session exists: the Session compiled the Ir
+        when it was created (upstream: it takes ownership, and the Ir must not be modified), so
+        the change would silently never run."""
+        if self._prepared:
+            raise RuntimeError(
+                f"{what}: {self!r} is frozen because a popxl.Session was created from it; ops, "
+                f"tensors and graphs added now would never run. Build the whole program before "
+                f"creating the Session, or build a new Ir.")
+
     def _new_graph(self, name: str) -> Graph:
+        self._check_not_frozen(f"creating graph '{name}'")
         idx = self._data.new_graph_index()
         gid = f"{name}_subgraph({idx})"
         self._data.graphs[gid] = GraphData(gid)
@@ -74,6 +104,7 @@ class Ir:
     def num_host_transfers(self, n: int) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"num_host_transfers must be a positive int, got {n!r}")
+        self._check_not_frozen("setting num_host_transfers")
         self._data.num_host_transfers = n
 
     @property
@@ -85,15 +116,40 @@ class Ir:
         if self._prepared:
             raise RuntimeError("replication_factor cannot change after a Session has prepared "
                                "the Ir")
+        if self._data.instance is not None and r != self._data.replication_factor:
+            raise ValueError(f"replication_factor of an Ir(replication='popdist') is the "
+                             f"launcher's global count ({self._data.replication_factor}); "
+                             f"got {r!r}")
         if not isinstance(r, int) or isinstance(r, bool) or r < 1:
             raise ValueError(f"replication_factor must be a positive int, got {r!r}")
         self._data.replication_factor = r
+        if self._session_options is not None:
+            self._set_replication_options(self._session_options)
+
+    def _set_replication_options(self, opts: SessionOptions) -> None:
+        if not self._use_popdist:
+            opts.replicatedGraphCount = self.replication_factor
+            opts.enableReplicatedGraphs = self.replication_factor > 1
+
+    def _session_opts(self) -> SessionOptions:
+        """The `popart.SessionOptions` of this Ir, with the options upstream's Ir sets."""
+        if self._session_options is None:
+            opts = SessionOptions()
+            opts.virtualGraphMode = VirtualGraphMode.Manual
+            for flag in ("useHostCopyOps", "aliasZeroCopy", "enableExplicitMainLoops",
+                         "explicitRecomputation", "enableInplaceAmbiguityChecking",
+                         "decomposeGradSum"):
+                setattr(opts, flag, True)
+            opts.enableVariablesCaching = False
+            self._set_replication_options(opts)
+            self._session_options = opts
+        return self._session_options
 
     @property
     def instance_replication_factor(self) -> int:
-        from .popdist_env import local_replication_factor
-
-        return local_replication_factor(self.replication_factor)
+        """The replicas this process holds (the global count unless a popdist instance)."""
+        placement = self._data.instance
+        return self.replication_factor if placement is None else placement.local
 
     def replica_grouping(self, stride: int = 1, group_size: Optional[int] = None):
         """A constant-stride grouping of this Ir's replicas (default: one group of all)."""
@@ -104,7 +160,7 @@ class Ir:
     def replica_grouping_from_assignments(self, assignment: List[int]):
         from .replica_grouping import ReplicaGrouping
 
-        return ReplicaGrouping._from_assignments(self, assignment)
+        return ReplicaGrouping._from_assignment(self, assignment)
 
     # --- streams -----------------------------------------------------------------------
     def _streams_used_by(self, op_type: str) -> Set:
@@ -131,8 +187,8 @@ class Ir:
     def id(self) -> int:
         return self._id
 
-    def __eq__(self, other: object) -> bool:
-        return other is self
+    def __eq__(self, value: object) -> bool:
+        return value is self
 
     def __hash__(self) -> int:
         return hash(self._id)
@@ -146,6 +202,20 @@ class Ir:
 
         return PbIr(self)
 
+    @classmethod
+    def _from_pb(cls, pb_ir) -> "Ir":
+        """The Ir of an `_pb_ir` view."""
+        ir = cls._ir_cache.get(pb_ir.getId())
+        if ir is None:
+            raise ValueError(f"Ir._from_pb: no live Ir with id {pb_ir.getId()}")
+        return ir
+
     @property
     def _graph_cache(self) -> Dict[str, Graph]:
+        """{graph id: Graph} of every graph of this Ir."""
         return {gid: self._graph(gid) for gid in self._data.graphs}
+
+    @property
+    def _tensor_cache(self) -> Dict[str, Any]:
+        """{tensor id: Tensor} of the tensors that already have popxl wrappers, all graphs."""
+        return {tid: t for g in self._graphs.values() for tid, t in g._wrappers.items()}

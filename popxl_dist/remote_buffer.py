@@ -28,25 +28,40 @@ class RemoteBuffer:
     Must be created inside a graph context (it belongs to the current Ir).
     """
 
-    def __init__(self, tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype,
-                 entries: int = 1):
+    def __init__(self, tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype, entries: int):
         ir = gcg().ir
+        data = ir._data
+        self._ir = ir
+        self._id = data.next_remote_buffer_id
+        data.remote_buffers[self._id] = {"shape": (), "dtype": None, "entries": 1,
+                                         "meta_shape": ()}
+        try:
+            self.set_remote_buffer_info(tensor_dtype, tensor_shape, entries)
+        except Exception:
+            del data.remote_buffers[self._id]
+            raise
+        data.next_remote_buffer_id += 1
+
+    @property
+    def _record(self) -> Dict[str, Any]:
+        return self._ir._data.remote_buffers[self._id]
+
+    @property
+    def _current_ir(self):
+        """The Ir the buffer belongs to."""
+        return self._ir
+
+    def set_remote_buffer_info(self, tensor_dtype: dtypes.dtype, tensor_shape: Tuple[int, ...],
+                               entries: int) -> None:
+        """Change the buffer's dtype, shape and number of entries (before a Session exists)."""
         if not isinstance(entries, int) or entries < 1:
             raise ValueError(f"RemoteBuffer: entries must be an int >= 1, got {entries!r}")
         shape = tuple(int(d) for d in tensor_shape)
         if any(d < 0 for d in shape):
             raise ValueError(f"RemoteBuffer: tensor_shape must be non-negative, got {shape}")
-        data = ir._data
-        self._ir = ir
-        self._id = data.next_remote_buffer_id
-        data.next_remote_buffer_id += 1
-        data.remote_buffers[self._id] = {"shape": shape,
-                                         "dtype": dtypes.dtype.as_dtype(tensor_dtype),
-                                         "entries": entries, "meta_shape": ()}
-
-    @property
-    def _record(self) -> Dict[str, Any]:
-        return self._ir._data.remote_buffers[self._id]
+        self._check_mutable("its info")
+        self._record.update(shape=shape, dtype=dtypes.dtype.as_dtype(tensor_dtype),
+                            entries=entries)
 
     @property
     def remote_buffer_id(self) -> int:

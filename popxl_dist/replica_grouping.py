@@ -48,7 +48,7 @@ class ReplicaGrouping:
         return g
 
     @classmethod
-    def _from_assignments(cls, ir: "Ir", assignment: List[int]):
+    def _from_assignment(cls, ir: "Ir", assignment: List[int]):
         r = ir.replication_factor
         assignment = [int(a) for a in assignment]
         if len(assignment) != r:
@@ -132,13 +132,64 @@ class ReplicaGrouping:
         for g, members in enumerate(self.groups()):
             for i, r in enumerate(members):
                 assignment[r] = i
-        return ReplicaGrouping._from_assignments(self._ir, assignment)
+        return ReplicaGrouping._from_assignment(self._ir, assignment)
+
+    def _const_form(self) -> Optional["ReplicaGrouping"]:
+        """The constant-stride grouping with the same groups (labelled differently), if any."""
+        members = sorted(map(tuple, self.groups()))
+        r = self.num_replicas
+        for stride in range(1, r + 1):
+            try:
+                cand = ReplicaGrouping._from_params(self._ir, stride, self._group_size)
+            except ValueError:
+                continue
+            if sorted(map(tuple, cand.groups())) == members:
+                return cand
+        return None
 
     @property
     def const_rg(self) -> "ReplicaGrouping":
+        """The constant-stride grouping with the same groups. A non-constant grouping whose
+        groups are those of a constant-stride one in another order maps onto it (see
+        `to_device_map`); any other assignment has no constant form (NotImplementedError)."""
         if self.is_const:
             return self
-        raise NotImplementedError("const_rg of a non-constant replica grouping is not supported")
+        const = self._const_form()
+        if const is None:
+            raise NotImplementedError(
+                f"const_rg: {self!r} does not have the groups of any constant-stride grouping, "
+                f"so it cannot be expressed as one")
+        return const
+
+    @property
+    def to_device_map(self) -> List[int]:
+        """For each group of this grouping (host data order), its group in `const_rg`."""
+        if self.is_const:
+            return list(range(self.num_groups))
+        const = self.const_rg
+        return [const.group_of(self.members(g)[0]) for g in range(self.num_groups)]
+
+    @property
+    def to_host_map(self) -> List[int]:
+        """The inverse of `to_device_map`: for each group of `const_rg`, its group here."""
+        out = [0] * self.num_groups
+        for g, d in enumerate(self.to_device_map):
+            out[d] = g
+        return out
+
+    @property
+    def _pb_replica_grouping(self):
+        """The grouping as upstream's `_ir.ReplicaGrouping` (constant-stride form)."""
+        from ._pb_shim import PbReplicaGrouping
+
+        const = self.const_rg
+        return PbReplicaGrouping(self.num_replicas, const.stride, const.group_size)
+
+    def _to_variable_settings(self, retrieval_mode: Optional[str] = None):
+        """Upstream `_ir.VariableSettings` of a variable with this grouping."""
+        from ._pb_shim import VariableSettings
+
+        return VariableSettings(self, retrieval_mode or "one_per_group")
 
     def _key(self) -> Tuple:
         return (self.num_replicas, tuple(self.assignment))

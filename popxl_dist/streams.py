@@ -8,15 +8,18 @@ from ._ir.records import TensorKind
 from .context import gcg
 from .tensor import Tensor, TensorSpec, _new_tensor
 
-__all__ = ["HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
+__all__ = ["Stream", "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
 
 
-class _Stream:
+class Stream:
+    """A host stream: the main-graph tensor `host_load` reads or `host_store` writes."""
+
     def __init__(self, *a, **k):
         raise NotImplementedError("Streams are created with popxl.h2d_stream / popxl.d2h_stream")
 
     @classmethod
-    def _create(cls, tensor: Tensor) -> "_Stream":
+    def _from_tensor(cls, tensor: Tensor) -> "Stream":
+        """The stream whose handle is `tensor` (a stream tensor of the main graph)."""
         s = object.__new__(cls)
         s._stream_tensor = tensor
         return s
@@ -33,7 +36,7 @@ class _Stream:
         return hash(self._stream_tensor)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Stream) and other._stream_tensor == self._stream_tensor
+        return isinstance(other, Stream) and other._stream_tensor == self._stream_tensor
 
     def __str__(self) -> str:
         return f"{type(self).__name__} {self._stream_tensor!r}"
@@ -42,11 +45,11 @@ class _Stream:
         return f"{type(self).__name__}[{self.tensor_id} {self.dtype} {self.shape}]"
 
 
-class HostToDeviceStream(_Stream):
+class HostToDeviceStream(Stream):
     """A stream of host data into the device, read with `ops.host_load`."""
 
 
-class DeviceToHostStream(_Stream):
+class DeviceToHostStream(Stream):
     """A stream of device data to the host, written with `ops.host_store`."""
 
 
@@ -55,7 +58,7 @@ def _make(cls, shape, dtype, name: str):
     d = dtypes.dtype.as_dtype(dtype)
     info = _new_tensor(main, name, tuple(shape), d, TensorKind.STREAM,
                        extra={"direction": "h2d" if cls is HostToDeviceStream else "d2h"})
-    s = cls._create(main._tensor(info.id))
+    s = cls._from_tensor(main._tensor(info.id))
     main.ir._streams[info.id] = s
     return s
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import collections.abc
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
@@ -10,6 +10,7 @@ from . import dtypes
 from ._ir.records import TensorInfo, TensorKind
 from .context import gcg
 from .errors import UndefinedValue
+from .tensorlocation import TileSet
 from .utils import to_numpy
 
 if TYPE_CHECKING:
@@ -18,9 +19,18 @@ if TYPE_CHECKING:
     from .replica_grouping import ReplicaGrouping
 
 __all__ = ["Tensor", "Variable", "Constant", "TensorSpec", "TensorByRef", "graph_input",
-           "graph_output", "variable", "constant", "HostTensor", "TensorLike"]
+           "graph_output", "variable", "constant", "remote_variable",
+           "remote_replica_sharded_variable", "replica_sharded_variable",
+           "replica_sharded_buffer", "HostTensor", "HostScalarTensor", "ScalarType",
+           "TensorLike", "host_tensor_types", "TILE_SET_MAP"]
 
-HostTensor = Union[np.ndarray, float, int, bool, list, tuple]
+ScalarType = Union[int, float, bool]
+# Upstream adds `torch.Tensor` when torch is installed; importing torch here would cost every
+# `import popxl` seconds, so torch tensors are recognised by duck typing instead (`to_numpy`).
+HostTensor = Union[np.ndarray, Iterable]
+host_tensor_types = (np.ndarray, collections.abc.Iterable)
+HostScalarTensor = Union[ScalarType, HostTensor]
+TILE_SET_MAP = {TileSet.Compute: "compute", TileSet.IO: "io", TileSet.Undefined: "undefined"}
 
 
 class TensorSpec(collections.abc.Mapping):
@@ -34,8 +44,8 @@ class TensorSpec(collections.abc.Mapping):
     dtype = property(lambda self: self._d["dtype"])
     meta_shape = property(lambda self: self._d["meta_shape"])
 
-    def __getitem__(self, k: str) -> Any:
-        return self._d[k]
+    def __getitem__(self, key: str) -> Any:
+        return self._d[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._d)
@@ -78,10 +88,29 @@ class Tensor:
     __array_ufunc__ = None  # make NumPy defer to our reflected operators
     __iter__ = None
     __contains__ = None
+    # tensor type ("Variable", "Const", ...) -> the Tensor subclass graphs wrap such tensors in
+    _tensor_types: Dict[str, type] = {}
 
     def __init__(self) -> None:
         raise TypeError("Tensors are not constructed directly: use popxl ops, popxl.variable, "
                         "popxl.constant or popxl.graph_input")
+
+    def __init_subclass__(cls, tensor_type: Optional[str] = None, **kwargs: Any) -> None:
+        """Register `cls` as the class of tensors of `tensor_type` (as upstream)."""
+        super().__init_subclass__(**kwargs)
+        if tensor_type is not None:
+            Tensor._tensor_types[tensor_type] = cls
+
+    @classmethod
+    def _from_pb_tensor(cls, pb_tensor) -> "Tensor":
+        """The popxl Tensor of a `_pb_tensor` view."""
+        return pb_tensor._graph._tensor(pb_tensor.id)
+
+    @property
+    def _pb_tensor(self):
+        from ._pb_shim import PbTensor
+
+        return PbTensor(self._graph, self.id)
 
     @classmethod
     def _create(cls, graph: "Graph", info: TensorInfo) -> "Tensor":
@@ -137,6 +166,20 @@ class Tensor:
     def tile_set(self) -> str:
         op = self._graph._data.producer.get(self.id)
         return op.tile_set if op is not None else "compute"
+
+    def _get_ipu_and_tile_set(self, raise_on_undefined_tile_set: bool = True,
+                              raise_on_undefined_ipu: bool = True) -> Tuple[int, str]:
+        """(ipu, tile set) of this tensor; raises `UndefinedValue` where undefined (as asked)."""
+        try:
+            ipu = self.ipu
+        except UndefinedValue:
+            if raise_on_undefined_ipu:
+                raise
+            ipu = -1
+        tile_set = self.tile_set
+        if tile_set == "undefined" and raise_on_undefined_tile_set:
+            raise UndefinedValue(f"The tile set of tensor '{self.id}' is undefined")
+        return ipu, tile_set
 
     @property
     def in_sync_with_ipu(self) -> bool:
@@ -197,73 +240,79 @@ class Tensor:
         return _ops().ipu_copy(self, destination, source)
 
     # --- operators --------------------------------------------------------------------
-    def _ensure(self, other: Any) -> "Tensor":
-        if isinstance(other, Tensor):
-            return other
-        return constant(other, self.dtype)
+    def _ensure_tensor(self, value: Any, dtype: Optional[dtypes.dtype] = None,
+                       raise_on_empty: bool = True) -> "Tensor":
+        """`value` if it is a Tensor, else a constant of `dtype` (default: this tensor's)."""
+        if isinstance(value, Tensor):
+            return value
+        if raise_on_empty and isinstance(value, (np.ndarray, list, tuple)) and \
+                np.size(value) == 0:
+            raise ValueError(f"The value passed to an operator on tensor '{self.id}' is empty; "
+                             f"an empty host value cannot become a constant")
+        return constant(value, self.dtype if dtype is None else dtype)
 
-    def __add__(self, o):
-        return _ops().add(self, self._ensure(o))
+    def __add__(self, other):
+        return _ops().add(self, self._ensure_tensor(other))
 
-    def __radd__(self, o):
-        return _ops().add(self._ensure(o), self)
+    def __radd__(self, other):
+        return _ops().add(self._ensure_tensor(other), self)
 
-    def __iadd__(self, o):
-        _ops().add_(self, self._ensure(o))
+    def __iadd__(self, other):
+        _ops().add_(self, self._ensure_tensor(other))
         return self
 
-    def __sub__(self, o):
-        return _ops().sub(self, self._ensure(o))
+    def __sub__(self, other):
+        return _ops().sub(self, self._ensure_tensor(other))
 
-    def __rsub__(self, o):
-        return _ops().sub(self._ensure(o), self)
+    def __rsub__(self, other):
+        return _ops().sub(self._ensure_tensor(other), self)
 
-    def __mul__(self, o):
-        return _ops().mul(self, self._ensure(o))
+    def __mul__(self, other):
+        return _ops().mul(self, self._ensure_tensor(other))
 
-    def __rmul__(self, o):
-        return _ops().mul(self._ensure(o), self)
+    def __rmul__(self, other):
+        return _ops().mul(self._ensure_tensor(other), self)
 
-    def __truediv__(self, o):
-        return _ops().div(self, self._ensure(o))
+    def __truediv__(self, other):
+        return _ops().div(self, self._ensure_tensor(other))
 
-    def __rtruediv__(self, o):
-        return _ops().div(self._ensure(o), self)
+    def __rtruediv__(self, other):
+        return _ops().div(self._ensure_tensor(other), self)
 
-    def __mod__(self, o):
-        return _ops().fmod(self, self._ensure(o))
+    def __mod__(self, other):
+        return _ops().fmod(self, self._ensure_tensor(other))
 
-    def __rmod__(self, o):
-        return _ops().fmod(self._ensure(o), self)
+    def __rmod__(self, other):
+        return _ops().fmod(self._ensure_tensor(other), self)
 
-    def __pow__(self, o):
+    def __pow__(self, other):
         # Deviation from upstream (documented quirk): a Python exponent takes self's dtype so
         # that `x ** 2` works on float tensors.
-        return _ops().pow(self, self._ensure(o))
+        return _ops().pow(self, self._ensure_tensor(other))
 
-    def __rpow__(self, o):
-        return _ops().pow(self._ensure(o), self)
+    def __rpow__(self, other):
+        return _ops().pow(self._ensure_tensor(other), self)
 
     def __neg__(self):
         return _ops().negate(self)
 
-    def __matmul__(self, o):
-        return _ops().matmul(self, self._ensure(o))
+    def __matmul__(self, other):
+        return _ops().matmul(self, self._ensure_tensor(other))
 
-    def __rmatmul__(self, o):
-        return _ops().matmul(self._ensure(o), self)
+    def __rmatmul__(self, other):
+        return _ops().matmul(self._ensure_tensor(other), self)
 
-    def __and__(self, o):
-        return _ops().logical_and(self, self._ensure(o))
+    def __and__(self, other):
+        return _ops().logical_and(self, self._ensure_tensor(other))
 
-    def __rand__(self, o):
-        return _ops().logical_and(self._ensure(o), self)
+    def __rand__(self, other):
+        return _ops().logical_and(self._ensure_tensor(other), self)
 
-    def __or__(self, o):
-        return _ops().logical_or(self, self._ensure(o))
+    def __or__(self, other):
+        return _ops().logical_or(self, self._ensure_tensor(other))
 
-    def __ror__(self, o):
-        return _ops().logical_or(self._ensure(o), self)
+    def __ror__(self, other):
+        return _ops().logical_or(self._ensure_tensor(other), self)
 
     def __invert__(self):
         return _ops().logical_not(self)
@@ -291,7 +340,7 @@ class Tensor:
         return f"Tensor[{self.id} {self.dtype} {self.shape}]"
 
 
-class Variable(Tensor):
+class Variable(Tensor, tensor_type="Variable"):
     """A persistent main-graph tensor, one copy per replica (or per replica group)."""
 
     @property
@@ -320,11 +369,23 @@ class Variable(Tensor):
     def _full_shape(self) -> Tuple[int, ...]:
         return self.meta_shape if self._info.extra.get("sharded") else self.shape
 
+    @property
+    def _memmap_arr(self) -> Optional[np.memmap]:
+        """The `np.memmap` this variable was created from (its host data, shared), or None."""
+        data = self._info.data
+        return data if isinstance(data, np.memmap) else None
+
+    def _flush_data_if_memmap(self) -> None:
+        """Write a memmap-backed variable's host data through to its file."""
+        mm = self._memmap_arr
+        if mm is not None and mm.flags.writeable:
+            mm.flush()
+
     def copy_to_ipu(self, dst: int, src: int) -> Tensor:
         return _ops().ipu_copy(self, dst, src)
 
 
-class Constant(Tensor):
+class Constant(Tensor, tensor_type="Const"):
     """A tensor whose value is folded into the program."""
 
     def copy_to_ipu(self, dst: int, src: int) -> Tensor:
@@ -340,6 +401,7 @@ def _wrap(graph: "Graph", info: TensorInfo) -> Tensor:
 
 def _new_tensor(graph: "Graph", name: Optional[str], shape, dtype, kind: str,
                 meta_shape=(), data=None, extra=None) -> TensorInfo:
+    graph.ir._check_not_frozen(f"{kind} tensor '{name or 't'}'")
     gd = graph._data
     tid = graph.ir._data.unique_tensor_id(gd, graph._scoped_tensor_id(name or "t"))
     info = TensorInfo(tid, tuple(shape), dtype, kind, tuple(meta_shape or ()), data, extra)
@@ -380,6 +442,8 @@ def _host_array(data, dtype, downcast, what: str, log2_scale=None,
                        nan_on_overflow=nan_on_overflow)
     except (RuntimeError, ValueError, TypeError) as e:
         raise type(e)(f"{what}: {e}") from None
+    if isinstance(arr, np.memmap) and not arr.flags.writeable and what != "constant":
+        gcg().ir._has_read_only_memmap = True
     if d is not None and d in dtypes.FLOAT8_DTYPES:
         return arr, d
     return arr, dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported NumPy dtypes
@@ -393,7 +457,10 @@ def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
 
     With a `replica_grouping` of G > 1 groups, `data` has shape `(G, *shape)`. For a float8
     `dtype`, real-valued data is cast with `log2_scale` / `nan_on_overflow` (see
-    `popxl.utils.to_numpy`); uint8 data is taken as float8 codes.
+    `popxl.utils.to_numpy`); uint8 data is taken as float8 codes. An `np.memmap` of the
+    variable's dtype is shared, not copied: it is the variable's host data
+    (`Variable._memmap_arr`, what `Session.get_tensor_data` returns), and `weights_to_host`
+    writes into it (a read-only memmap turns off `weights_to_host` on leaving the session).
     """
     g = gcg()
     if g is not g.ir.main_graph:
@@ -427,3 +494,18 @@ def constant(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
     arr.setflags(write=False)
     info = _new_tensor(g, name, arr.shape, d, TensorKind.CONSTANT, data=arr)
     return g._tensor(info.id)
+
+
+_REMOTE_FACTORIES = ("remote_variable", "remote_replica_sharded_variable",
+                     "replica_sharded_variable", "replica_sharded_buffer")
+
+
+def __getattr__(name: str) -> Any:
+    # Upstream defines the remote/RTS factories in this module; they live in remote_buffer.py
+    # (which imports this module), so they are looked up on first use.
+    if name in _REMOTE_FACTORIES:
+        import importlib
+
+        # (`popxl.remote_buffer` is the function of that name, not the module)
+        return getattr(importlib.import_module(f"{__package__}.remote_buffer"), name)
+    raise AttributeError(f"module 'popxl.tensor' has no attribute '{name}'")

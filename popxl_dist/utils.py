@@ -1,16 +1,26 @@
-"""Host-data helpers: `to_numpy` (upstream's conversion and downcast rules) and `table_to_string`."""
+"""Host-data helpers: `to_numpy` (upstream's conversion and downcast rules), `table_to_string`,
+and the device helpers upstream's Session uses (here every device is the emulator)."""
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
 from . import dtypes
 
-__all__ = ["to_numpy", "table_to_string"]
+__all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes", "HW_DEVICE_CONNECTION_TIMEOUT",
+           "torch_imported"]
 
-_DOWNCAST = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
-             np.dtype(np.float64): np.dtype(np.float32)}
+# Whether torch is installed (upstream: whether `import torch` succeeded). Not imported here:
+# torch tensors are recognised by their module when they are passed in.
+torch_imported = importlib.util.find_spec("torch") is not None
+HW_DEVICE_CONNECTION_TIMEOUT = int(1e4)
+
+downcast_np_dtypes = {np.dtype(np.int64): np.dtype(np.int32),
+                      np.dtype(np.uint64): np.dtype(np.uint32),
+                      np.dtype(np.float64): np.dtype(np.float32)}
+_DOWNCAST = downcast_np_dtypes
 
 
 def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True,
@@ -67,14 +77,50 @@ def _to_float8_codes(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Option
                                       True if nan_on_overflow is None else nan_on_overflow)
 
 
-def table_to_string(rows: Sequence[Sequence[Any]], header: Optional[Sequence[str]] = None) -> str:
-    """Format rows as a plain text table with aligned columns."""
-    all_rows: List[List[str]] = ([list(map(str, header))] if header else []) + [
-        [str(c) for c in r] for r in rows]
-    if not all_rows:
+def _popxl_to_numpy(t) -> np.ndarray:
+    """The host value a Constant or Variable was created with."""
+    from .tensor import Constant, Variable
+
+    if not isinstance(t, (Constant, Variable)):
+        raise TypeError(f"_popxl_to_numpy: only Constants and Variables have host data, got {t!r}")
+    return np.array(t._info.data, copy=True)
+
+
+def table_to_string(rows: Sequence[Sequence[Any]], delimiter: str = " | ",
+                    header: bool = True) -> str:
+    """Format rows as a text table with aligned columns separated by `delimiter`; with `header`,
+    the first row is underlined with dashes."""
+    cells: List[List[str]] = [[str(c) for c in r] for r in rows]
+    if not cells:
         return ""
-    widths = [max(len(r[i]) for r in all_rows if i < len(r)) for i in range(max(map(len, all_rows)))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in all_rows]
+    n_cols = max(map(len, cells))
+    widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(n_cols)]
+    lines = [delimiter.join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     if header:
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.insert(1, "-" * (sum(widths) + len(delimiter) * (n_cols - 1)))
     return "\n".join(lines)
+
+
+# --- devices (upstream's hardware helpers; the emulator needs no hardware) -----------------
+def _offline_device_from_str(device_type: str, num_ipus: Optional[int] = None):
+    """A device description for `device_type` ("ipu_hw", "ipu_model", "cpu")."""
+    from popart import DeviceInfo
+
+    return DeviceInfo(device_type, num_ipus or 1)
+
+
+def _to_device_info(device_type: str, num_ipus: int = 1, use_popdist: bool = False):
+    """The device a Session of `num_ipus` IPUs runs on (always available: emulated)."""
+    from popart import DeviceInfo
+
+    return DeviceInfo(device_type, num_ipus)
+
+
+def _acquire_hw_device_with_timeout(num_ipus: int = 1,
+                                    timeout: int = HW_DEVICE_CONNECTION_TIMEOUT):
+    """Upstream waits up to `timeout` seconds for free IPUs; the emulated device is free now."""
+    from popart import DeviceInfo
+
+    device = DeviceInfo("ipu_hw", num_ipus)
+    device.attach()
+    return device

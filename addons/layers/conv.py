@@ -10,6 +10,8 @@ import popxl
 from popxl import ops
 
 from ..module import Module
+from ..named_tensors import NamedTensors
+from ..utils import WeightsDict
 from ._init import truncnorm
 
 __all__ = ["Conv2D"]
@@ -29,6 +31,7 @@ class Conv2D(Module):
         self.out_channels = out_channels
         self.kernel_size = (kernel_size, kernel_size) if isinstance(kernel_size, int) \
             else tuple(kernel_size)
+        self.k_h, self.k_w = self.kernel_size
         self.strides = tuple(strides)
         if isinstance(paddings, str):
             if paddings not in ("same_upper", "same_lower", "valid"):
@@ -41,7 +44,7 @@ class Conv2D(Module):
         self.groups = groups
         self.bias = bias
         self.available_memory_proportions = available_memory_proportions
-        self.partials_types = partials_types
+        self.partial_types = partials_types          # upstream's attribute name
         self.enable_conv_dithering = enable_conv_dithering
         self.replica_grouping = replica_grouping
 
@@ -52,10 +55,20 @@ class Conv2D(Module):
                                           *self.kernel_size)),
             x.dtype, replica_grouping=self.replica_grouping)
         y = ops.conv(x, w, self.strides, self.paddings, self.dilations, self.groups,
-                     self.pad_type, self.available_memory_proportions, self.partials_types,
+                     self.pad_type, self.available_memory_proportions, self.partial_types,
                      self.enable_conv_dithering)
         if self.bias:
             b = self.add_variable_input("bias", partial(np.zeros, (1, self.out_channels, 1, 1)),
                                         x.dtype, replica_grouping=self.replica_grouping)
             y = y + b
         return y
+
+    @staticmethod
+    def torch_mapping(variables: NamedTensors, nn_layer, dtype: popxl.dtype = popxl.float32
+                      ) -> WeightsDict:
+        """Weights of a `torch.nn.Conv2d` for this layer's variables."""
+        npd = dtype.as_numpy()
+        weights = {variables.weight: nn_layer.weight.data.numpy().astype(npd)}
+        if nn_layer.bias is not None:
+            weights[variables.bias] = nn_layer.bias.data.numpy().astype(npd).reshape(1, -1, 1, 1)
+        return WeightsDict(weights)

@@ -15,7 +15,10 @@ from ..named_tensors import NamedTensors
 from ..utils import WeightsDict
 from ._init import truncnorm
 
-__all__ = ["Embedding"]
+__all__ = ["Embedding", "MULTISLICE_MAGIC_NUMBER"]
+
+# Upstream's multi-slice planning granularity (a tile-layout constant; no numerical effect).
+MULTISLICE_MAGIC_NUMBER = 16
 
 
 class Embedding(Module):

@@ -12,9 +12,10 @@ from popxl.utils import to_numpy
 __all__ = ["host_load", "host_store"]
 
 
-def host_load(t, dtype: Optional[popxl.dtype] = None, name: Optional[str] = None
+def host_load(t, dtype: Optional[popxl.dtype], name: Optional[str]
               ) -> Tuple[np.ndarray, popxl.HostToDeviceStream, popxl.Tensor]:
-    """A stream shaped like host array `t` and its loaded tensor.
+    """A stream shaped like host array `t` and its loaded tensor (`dtype` None: inferred from
+    `t` with popxl's downcast rules; `name` None: the stream's default name).
 
     Returns:
         (t as a NumPy array of `dtype`, the stream named `<name>_stream`, the loaded tensor).

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Dict, Iterable, Mapping, Optional, Tuple, Union
+from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -12,40 +12,18 @@ from popxl.transforms import ExpectedConnection, GradGraphInfo
 from popxl.transforms.patterns import apply_pre_alias_patterns
 
 from ..dot_tree import sanitise
-from ..graph import BoundGraph, GraphWithNamedArgs
+from ..graph import GraphWithNamedArgs
+from ..graph_common import GraphLike, _graph_of, _normalise_called_graphs_grad_info_dict
 from ..named_replica_grouping import NamedReplicaGrouping
 from ..named_tensors import NamedTensors
 from ..variable_factory import NamedVariableFactories, add_variable_input
 
 __all__ = ["autodiff", "autodiff_with_accumulation", "remap_grad_info"]
 
-GraphLike = Union[GraphWithNamedArgs, BoundGraph, popxl.Graph]
-
-
-def _graph_of(g) -> popxl.Graph:
-    if isinstance(g, (GraphWithNamedArgs, BoundGraph)):
-        return g.graph
-    if isinstance(g, GradGraphInfo):
-        return g.graph
-    if isinstance(g, popxl.Graph):
-        return g
-    raise TypeError(f"Expected a Graph, GraphWithNamedArgs, BoundGraph or GradGraphInfo, got "
-                    f"{type(g).__name__}")
-
-
-def _grad_info_of(v) -> GradGraphInfo:
-    if isinstance(v, GradGraphInfo):
-        return v
-    if isinstance(v, GraphWithNamedArgs):
-        return v.grad_graph_info
-    raise TypeError(f"called_graphs_grad_info values must be GradGraphInfo or "
-                    f"GraphWithNamedArgs, got {type(v).__name__}")
-
-
 def _merged_grad_infos(graph, called_graphs_grad_info: Optional[Mapping]) -> Dict:
     merged = dict(getattr(graph, "called_graphs_grad_info", None) or {})
     merged.update(called_graphs_grad_info or {})
-    return {_graph_of(k): _grad_info_of(v) for k, v in merged.items()}
+    return _normalise_called_graphs_grad_info_dict(merged)
 
 
 def autodiff(graph: GraphLike, grads_provided: Optional[Iterable[popxl.Tensor]] = None,

@@ -10,7 +10,18 @@ from popxl.transforms import ExpectedConnection, ExpectedConnectionType, GradGra
 from ..graph import GraphWithNamedArgs
 from ..utils import suffix_graph_name
 
-__all__ = ["recompute_graph"]
+__all__ = ["recompute_graph", "add_recompute_inputs"]
+
+
+def add_recompute_inputs(grad_info: GradGraphInfo) -> List[ExpectedConnection]:
+    """The expected inputs of a gradient graph that recomputes its activations: the `FwdGrad`
+    inputs of `grad_info` in order, then a `Fwd` connection per forward-graph input (the
+    forward graph is called again from those, so no activation has to be kept)."""
+    conns = [e for e in grad_info.expected_inputs
+             if e.connection_type == ExpectedConnectionType.FwdGrad]
+    conns += [ExpectedConnection(t, ExpectedConnectionType.Fwd)
+              for t in grad_info.forward_graph.inputs]
+    return conns
 
 
 def recompute_graph(grad_graph: GraphWithNamedArgs) -> GraphWithNamedArgs:
@@ -30,7 +41,7 @@ def recompute_graph(grad_graph: GraphWithNamedArgs) -> GraphWithNamedArgs:
     by_ref = bwd._by_ref_inputs
     name = suffix_graph_name(bwd.name, "recomp")
     new_graph = ir.create_empty_graph(name)
-    in_conns: List[ExpectedConnection] = []
+    in_conns = add_recompute_inputs(info)
     remap: Dict[popxl.Tensor, popxl.Tensor] = {}   # bwd input -> new input
     with new_graph:
         for i, e in enumerate(expected):
@@ -38,12 +49,10 @@ def recompute_graph(grad_graph: GraphWithNamedArgs) -> GraphWithNamedArgs:
                 t = b_ins[i]
                 remap[t] = popxl.graph_input(t.shape, t.dtype, t.name,
                                              meta_shape=t.meta_shape or None)
-                in_conns.append(e)
         fwd_in_map: Dict[popxl.Tensor, popxl.Tensor] = {}
         for t in fwd.inputs:
             fwd_in_map[t] = popxl.graph_input(t.shape, t.dtype, t.name,
                                               meta_shape=t.meta_shape or None)
-            in_conns.append(ExpectedConnection(t, ExpectedConnectionType.Fwd))
         for t in b_ins[len(expected):]:
             remap[t] = popxl.graph_input(t.shape, t.dtype, t.name, by_ref=t in by_ref,
                                          meta_shape=t.meta_shape or None)

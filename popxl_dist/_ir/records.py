@@ -88,6 +88,14 @@ class Op:
         for s, v in zip(self.__slots__, state):
             setattr(self, s, v)
 
+    # Planning hints set by popxl_addons' transforms, read back as upstream's ops report them
+    # (no effect on the numbers).
+    def useFullyConnectedPass(self) -> bool:
+        return bool(self.attrs.get("use_fully_connected_pass", True))
+
+    def getAvailableMemoryProportion(self) -> float:
+        return float(self.attrs.get("available_memory_proportion", 0.6))
+
     def describe(self) -> str:
         """`<type>.<id> '<name>'` plus where the user built it: for error messages."""
         where = f" (built at {self.debug})" if self.debug else ""
@@ -101,7 +109,7 @@ class GraphData:
     """Ops in creation order (a valid schedule), tensors by id, inputs and outputs in order."""
 
     __slots__ = ("id", "ops", "tensors", "inputs", "outputs", "by_ref_inputs", "producer",
-                 "no_recursive_autodiff")
+                 "no_recursive_autodiff", "topo_cons")
 
     def __init__(self, id: str):
         self.id = id
@@ -112,6 +120,9 @@ class GraphData:
         self.by_ref_inputs: set = set()
         self.producer: Dict[str, Op] = {}
         self.no_recursive_autodiff = False
+        # (before op id, after op id, tied): recorded scheduling constraints (`in_sequence`,
+        # `_pb_graph.topoCons()`); creation order, which the engine runs, satisfies them.
+        self.topo_cons: List[Tuple[int, int, bool]] = []
 
     def add_op(self, op: Op) -> None:
         self.ops.append(op)
@@ -144,6 +155,8 @@ class IrData:
         self.next_remote_buffer_id = 1
         self.replication_factor = 1
         self.num_host_transfers = 1
+        # `Ir(replication="popdist")`: this process's InstancePlacement (None otherwise)
+        self.instance = None
         # remote buffer id -> (shape, dtype, entries, meta_shape)
         self.remote_buffers: Dict[int, Dict[str, Any]] = {}
 

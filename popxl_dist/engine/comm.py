@@ -37,18 +37,32 @@ def members(g: int, stride: int, group_size: int) -> List[int]:
 
 
 class Layout:
-    """R replicas on W workers in contiguous blocks (the first R % W workers get one more)."""
+    """R replicas on W workers in contiguous blocks (the first R % W workers get one more), or
+    in the given `blocks` (`[lo, hi)` per worker, in order, covering every replica: the
+    replicas of popdist instances)."""
 
-    def __init__(self, replication_factor: int, workers: int):
+    def __init__(self, replication_factor: int, workers: int,
+                 blocks: Optional[Sequence[Tuple[int, int]]] = None):
         self.replication_factor = replication_factor
-        self.num_workers = max(1, min(workers, replication_factor))
-        base, extra = divmod(replication_factor, self.num_workers)
-        self.blocks: List[Tuple[int, int]] = []
-        lo = 0
-        for w in range(self.num_workers):
-            hi = lo + base + (1 if w < extra else 0)
-            self.blocks.append((lo, hi))
-            lo = hi
+        if blocks is not None:
+            self.blocks: List[Tuple[int, int]] = [(int(a), int(b)) for a, b in blocks]
+            ends = [0] + [b for _, b in self.blocks]
+            if len(self.blocks) != workers or any(
+                    a != ends[w] or b <= a for w, (a, b) in enumerate(self.blocks)) \
+                    or ends[-1] != replication_factor:
+                raise ValueError(f"replica blocks {self.blocks} do not cover the "
+                                 f"{replication_factor} replicas contiguously with {workers} "
+                                 f"workers")
+            self.num_workers = workers
+        else:
+            self.num_workers = max(1, min(workers, replication_factor))
+            base, extra = divmod(replication_factor, self.num_workers)
+            self.blocks = []
+            lo = 0
+            for w in range(self.num_workers):
+                hi = lo + base + (1 if w < extra else 0)
+                self.blocks.append((lo, hi))
+                lo = hi
         self._owner = [w for w, (a, b) in enumerate(self.blocks) for _ in range(a, b)]
 
     def worker_of(self, replica: int) -> int:

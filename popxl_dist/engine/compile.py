@@ -270,6 +270,10 @@ class Program:
                 glob[kname] = fn
                 prefix = "ctx, " if spec.context else ""
                 call = f"{kname}({prefix}{', '.join(ins)})"
+            if (spec is not None and len(op.outputs) == 1 and not spec.collective
+                    and not spec.modifies and gd.tensors[op.outputs[0]].shape == ()):
+                # NumPy gives scalars for 0-d results; keep arrays so in-place ops can follow.
+                call = f"np.asarray({call})"
             if spec is not None and op.outputs and op.outputs[0] in plan.copy_outputs:
                 call = f"{call}.copy()"
             if not outs:

@@ -12,9 +12,10 @@ import numpy as np
 
 from .._ir.records import IrData, TensorKind
 from ..dtypes import storage_numpy
-from ..errors import EngineError, RunAborted, WorkerError
+from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerError
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
+from .transfers import store_shortfalls
 
 __all__ = ["ReplicaContext", "Worker", "group_layout", "shard_of", "unshard"]
 
@@ -23,7 +24,7 @@ class ReplicaContext:
     """One replica's device memory and its host-stream cursors for the current run."""
 
     __slots__ = ("replica", "state", "in_chunks", "in_count", "out_chunks", "out_count",
-                 "remote")
+                 "remote", "prints")
 
     def __init__(self, replica: int, n_state: int, n_in: int, n_out: int):
         self.replica = replica
@@ -33,6 +34,7 @@ class ReplicaContext:
         self.out_chunks: List[Sequence[np.ndarray]] = [()] * n_out
         self.out_count = [0] * n_out
         self.remote: Dict[int, np.ndarray] = {}
+        self.prints: List[str] = []       # PrintTensor output of the current run
 
     def next_input(self, slot: int) -> np.ndarray:
         k = self.in_count[slot]
@@ -45,6 +47,14 @@ class ReplicaContext:
         self.out_count[slot] = k + 1
         chunks = self.out_chunks[slot]
         chunks[k % len(chunks)][...] = value
+
+
+def _replica_span(replicas: Sequence[int]) -> str:
+    """`replica 3` or `replicas 2..5` (a contiguous block)."""
+    replicas = list(replicas)
+    if len(replicas) == 1:
+        return f"replica {replicas[0]}"
+    return f"replicas {replicas[0]}..{replicas[-1]}"
 
 
 def shard_of(value: np.ndarray, info, replica: int, size: int) -> np.ndarray:
@@ -97,6 +107,10 @@ class Worker:
                 ctx.remote[bid] = np.zeros((rec["entries"], *rec["shape"]),
                                            storage_numpy(rec["dtype"]))
         self._single = len(self.ctxs) == 1
+        # d2h streams a conditional may store fewer than num_host_transfers times: checked
+        # after each run (the Session refuses programs that always store too few).
+        _, possible = store_shortfalls(ir, p.d2h_streams)
+        self._short_store_slots = [(p.d2h_streams.index(s), s) for s in possible]
 
     # --- weights -----------------------------------------------------------------------
     def write_weights(self, values: Dict[str, np.ndarray]) -> None:
@@ -120,7 +134,7 @@ class Worker:
                 else:
                     src = host[rg.group_of(ctx.replica)] if groups > 1 else host
                 if remote is not None:
-                    entry = ctx.remote[remote[0]][remote[1]]
+                    entry = ctx.remote[remote[0]][remote[1], ...]
                     if info.extra.get("sharded"):
                         entry[...] = shard_of(src, info, ctx.replica, entry.shape[0])
                     else:
@@ -138,7 +152,7 @@ class Worker:
         info = self.ir.main.tensors[tid]
         remote = info.extra.get("remote")
         if remote is not None:
-            return ctx.remote[remote[0]][remote[1]]
+            return ctx.remote[remote[0]][remote[1], ...]
         return ctx.state[self.program.state_index[tid]]
 
     def read_replicas(self, wanted: Dict[str, Sequence[int]]) -> Dict[str, Dict[int, np.ndarray]]:
@@ -147,6 +161,27 @@ class Worker:
         first = self.replicas[0]
         return {t: {r: self._stored(self.ctxs[r - first], t).copy() for r in rs}
                 for t, rs in wanted.items()}
+
+    def copy_to(self, dst: "Worker", plan: Sequence[Tuple[str, str, Sequence[Tuple[int, int]]]]
+                ) -> None:
+        """Copy variables into `dst`, another session's Worker on this same worker: `plan` is
+        `[(source id, destination id, [(destination replica, source replica), ...])]` (see
+        `runtime.copy.plan_copy`). RTS variables are copied shard by shard."""
+        s_first, d_first = self.replicas[0], dst.replicas[0]
+        d_index = dst.program.state_index
+        for s_tid, d_tid, pairs in plan:
+            remote = "remote" in dst.ir.main.tensors[d_tid].extra
+            for r, s in pairs:
+                value = self._stored(self.ctxs[s - s_first], s_tid)
+                ctx = dst.ctxs[r - d_first]
+                if remote:
+                    dst._stored(ctx, d_tid)[...] = value
+                    continue
+                cur = ctx.state[d_index[d_tid]]
+                if cur is None or cur.shape != value.shape:
+                    ctx.state[d_index[d_tid]] = value.copy()
+                else:
+                    cur[...] = value
 
     def memory_report(self) -> Dict[str, int]:
         """Bytes of device memory of this worker's first replica, by kind."""
@@ -162,6 +197,14 @@ class Worker:
                 rts += arr.nbytes
         return {"replica": ctx.replica, "variables": on_chip, "rts_shards": rts,
                 "remote_buffers": sum(a.nbytes for a in ctx.remote.values())}
+
+    def take_prints(self) -> List[str]:
+        """The PrintTensor lines of the last run, replica by replica (and clears them)."""
+        out: List[str] = []
+        for ctx in self.ctxs:
+            out.extend(ctx.prints)
+            ctx.prints.clear()
+        return out
 
     def run_fragment(self, which: str) -> None:
         cg = getattr(self.program, which)
@@ -183,6 +226,20 @@ class Worker:
                 ctx.out_chunks[s] = [arr[t, j, ...] for t in range(arr.shape[0])]
                 ctx.out_count[s] = 0
         self._execute(self.program.main)
+        if self._short_store_slots:
+            self._check_store_counts()
+
+    def _check_store_counts(self) -> None:
+        n = self.ir.num_host_transfers
+        for ctx in self.ctxs:
+            for slot, stream in self._short_store_slots:
+                k = ctx.out_count[slot]
+                if k < n:
+                    raise EngineError(
+                        f"replica {ctx.replica}: device-to-host stream '{stream}' was stored "
+                        f"{k} time(s) in this run but num_host_transfers is {n} (a conditional "
+                        f"skipped its host_store): transfers {k}..{n - 1} of its output would "
+                        f"be uninitialised memory. Store to it {n} time(s) in every run.")
 
     def _execute(self, cg) -> None:
         if cg.has_collectives:
@@ -239,6 +296,10 @@ class Worker:
             comm.tag = step.tag
             try:
                 sends = step.fn(comm, [s[1] for s in steps])
+            except CollectiveTimeout as e:
+                if e.op is not None:
+                    raise                        # another worker's, already described
+                raise self._timed_out(step.op, e) from None
             except (WorkerError, RunAborted):
                 raise                            # another worker's failure, already described
             except Exception as e:  # noqa: BLE001
@@ -247,6 +308,19 @@ class Worker:
                                   f"{type(e).__name__}: {e}")
                 err.op = step.op
                 raise err from e
+
+    def _timed_out(self, op, exc: CollectiveTimeout) -> CollectiveTimeout:
+        """The transport's timeout, naming the op, the replicas that waited and the silent
+        workers with their replicas."""
+        layout = self.comm.layout
+        silent = ", ".join(f"worker {w} ({_replica_span(layout.replicas_of(w))})"
+                           for w in exc.workers)
+        err = CollectiveTimeout(
+            f"{op.describe()}: collective timed out on {_replica_span(self.replicas)} (worker "
+            f"{self.comm.worker}) waiting for {silent or 'its peers'}, which sent nothing "
+            f"(stopped, hung, or far slower than the others): {exc}")
+        err.op, err.replicas, err.workers = op, tuple(self.replicas), tuple(exc.workers)
+        return err
 
     def _divergence(self, steps) -> str:
         where = []

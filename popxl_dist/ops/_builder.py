@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import dtypes
 from .._ir.records import Op, TensorInfo, TensorKind
+from .._pb_shim import op_view
 from ..context import get_current_context, gcg
 from ..graph import Graph
 from ..tensor import Tensor, constant
@@ -64,9 +65,14 @@ def check_float_tensors(opname: str, floats: Sequence[dtypes.dtype], **tensors: 
 def check_in_graph(g: Graph, t: Tensor, opname: str) -> None:
     if t._graph is not g:
         raise ValueError(
-            f"{opname}: the input tensor '{t.id}' is not in the current Graph '{g.id}'. Tensors "
-            f"of another graph must be passed in as graph inputs (popxl.graph_input or a "
-            f"create_graph argument)")
+            f"The input tensor `{t.id}` is not in the current Graph '{g.id}' ({opname}). "
+            f"Tensors of another graph must be passed in as graph inputs (popxl.graph_input or "
+            f"a create_graph argument)")
+    if g._data.tensors.get(t.id) is not t._info:
+        raise ValueError(
+            f"{opname}: tensor '{t.id}' no longer exists in graph '{g.id}': a transform (such "
+            f"as pipelined_execution or repeat_graph) moved the ops that made it to another "
+            f"graph")
 
 
 def check_same_dtype(opname: str, *ts: Tensor) -> dtypes.dtype:
@@ -142,6 +148,7 @@ def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: 
            graph: Optional[Graph] = None) -> List[Tensor]:
     """Append one op of `op_type` to the current graph and return its new output tensors."""
     g = graph if graph is not None else gcg()
+    g.ir._check_not_frozen(f"{op_type} '{settings_name}'")
     for t in inputs:
         check_in_graph(g, t, settings_name)
     check_no_float8(op_type, settings_name, inputs)
@@ -158,7 +165,7 @@ def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: 
             tuple(t.id for t in inputs), tuple(out_ids), attrs or {}, tuple(called),
             ctx.ipu_id, ctx.tile_set, ctx.execution_context, debug_location())
     gd.add_op(op)
-    g._op_created(op)
+    ctx._op_created(op_view(g, op))
     return [g._tensor(t) for t in out_ids]
 
 

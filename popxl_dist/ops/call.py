@@ -7,6 +7,7 @@ from .. import dtypes
 from .._ir.records import Op
 from ..context import gcg
 from ..graph import Graph
+from .._pb_shim import op_view
 from ..tensor import Tensor, constant
 from ._builder import Out, add_op, check_in_graph
 
@@ -72,11 +73,15 @@ def _connect(graph: Graph, inputs: tuple, inputs_dict: Optional[Mapping], opname
 
 
 class CallSiteInfo:
-    """Information about one call (or repeat) site: the op and its input/output mapping."""
+    """Information about one call (or repeat) site: the op and its input/output mapping.
 
-    def __init__(self, op: Op, parent: Graph):
-        self._op = op
-        self._parent = parent
+    Args:
+        subgraph_op: the Call / Loop / If op, as an `_ir.Op` view (`op_view`).
+    """
+
+    def __init__(self, subgraph_op):
+        self._op: Op = subgraph_op._op
+        self._parent: Graph = subgraph_op._graph
 
     @property
     def called_graph(self) -> Graph:
@@ -85,17 +90,17 @@ class CallSiteInfo:
     def _offset(self) -> int:
         return 2 if self._op.type == "Loop" else 0
 
-    def graph_to_parent_input_index(self, i: int) -> int:
-        return i - self._offset()
+    def graph_to_parent_input_index(self, idx: int) -> int:
+        return idx - self._offset()
 
-    def parent_to_graph_input_index(self, i: int) -> int:
-        return i + self._offset()
+    def parent_to_graph_input_index(self, idx: int) -> int:
+        return idx + self._offset()
 
-    def graph_to_parent_output_index(self, i: int) -> int:
-        return i - (1 if self._op.type == "Loop" else 0)
+    def graph_to_parent_output_index(self, idx: int) -> int:
+        return idx - (1 if self._op.type == "Loop" else 0)
 
-    def parent_to_graph_output_index(self, i: int) -> int:
-        return i + (1 if self._op.type == "Loop" else 0)
+    def parent_to_graph_output_index(self, idx: int) -> int:
+        return idx + (1 if self._op.type == "Loop" else 0)
 
     def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
         g = self.called_graph._data
@@ -114,11 +119,11 @@ class CallSiteInfo:
         i = self.parent_to_graph_input_index(self._op.inputs.index(parent_tensor.id))
         return self.called_graph._tensor(self.called_graph._data.inputs[i])
 
-    def parent_input(self, i: int) -> Tensor:
-        return self._parent._tensor(self._op.inputs[i])
+    def parent_input(self, idx: int) -> Tensor:
+        return self._parent._tensor(self._op.inputs[idx])
 
-    def parent_output(self, i: int) -> Tensor:
-        return self._parent._tensor(self._op.outputs[i])
+    def parent_output(self, idx: int) -> Tensor:
+        return self._parent._tensor(self._op.outputs[idx])
 
     @property
     def inputs(self) -> Tuple[Tensor, ...]:
@@ -137,6 +142,18 @@ class CallSiteInfo:
         self._op.attrs["modified"] = tuple(sorted(mod))
 
 
+def _prep_and_validate_inputs(check_inputs: bool, parent_graph: Graph, graph: Graph,
+                              graph_name: str, inputs: Iterable,
+                              inputs_dict: Optional[Mapping]) -> Dict[Tensor, Tensor]:
+    """{graph input: parent tensor} from positional `inputs` (nested lists flattened) and
+    `inputs_dict`, every input connected once; Python numbers become constants of the input's
+    dtype. Parent tensors must be in `parent_graph` and match the inputs' shapes and dtypes;
+    the emulator always checks (`check_inputs=False` does not skip it: a mismatch would give
+    wrong results rather than a compile error)."""
+    ins = _connect(graph, tuple(inputs or ()), inputs_dict, graph_name or "call", parent_graph)
+    return dict(zip(graph.inputs, ins))
+
+
 def _outputs_of(graph: Graph) -> List[Out]:
     return [Out(t.name, t.shape, t.dtype, t.meta_shape) for t in graph.outputs]
 
@@ -148,7 +165,7 @@ def call_with_info(graph: Graph, *inputs: Any, inputs_dict: Optional[Mapping] = 
     ins = _connect(graph, inputs, inputs_dict, "call", parent)
     add_op("Call", f"{parent.name}--call--{graph.id}", ins, _outputs_of(graph), {"modified": ()},
            called=(graph.id,))
-    return CallSiteInfo(parent._data.ops[-1], parent)
+    return CallSiteInfo(op_view(parent, parent._data.ops[-1]))
 
 
 def call(graph: Graph, *inputs: Any, inputs_dict: Optional[Mapping] = None) -> Tuple[Tensor, ...]:
@@ -196,7 +213,7 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Any,
     add_op("Loop", f"{parent.name}__loop__{wrapper.id}", ins,
            [Out(f"{o.name}", o.shape, o.dtype, o.meta_shape) for o in graph.outputs],
            {"trip_count": repeat_count, "num_carried": k, "modified": ()}, called=(wrapper.id,))
-    return CallSiteInfo(parent._data.ops[-1], parent)
+    return CallSiteInfo(op_view(parent, parent._data.ops[-1]))
 
 
 def repeat(graph: Graph, repeat_count: int, *inputs: Any,
@@ -206,30 +223,64 @@ def repeat(graph: Graph, repeat_count: int, *inputs: Any,
 
 
 class ConditionalSiteInfo(CallSiteInfo):
-    """Site info of a `conditional`: `.called_graph` is `(then_graph, else_graph)`."""
+    """Site info of a `conditional`: `.called_graph` is `(then_graph, else_graph)`. Parent input
+    0 is the condition; the branches' inputs map to parent inputs 1.. (shared where both
+    branches take the same parent tensor); outputs map one to one."""
 
     @property
     def called_graph(self):
         return (self._parent.ir._graph(self._op.called[0]), self._parent.ir._graph(self._op.called[1]))
 
+    def _branch_inputs(self, then_branch: bool) -> Tuple[int, ...]:
+        return self._op.attrs["then_inputs" if then_branch else "else_inputs"]
+
     def is_parent_index_in_then_branch(self, idx: int) -> bool:
         return idx in self._op.attrs["then_inputs"]
 
-    def graph_to_parent_input_index(self, i: int, then_branch: bool = True) -> int:
-        key = "then_inputs" if then_branch else "else_inputs"
-        return self._op.attrs[key][i]
+    def graph_to_parent_input_index(self, idx: int, then_branch: bool = True) -> int:
+        return self._branch_inputs(then_branch)[idx]
 
-    def graph_to_parent(self, graph_tensor: Tensor, then_branch: bool = True) -> Tensor:
-        g = self.called_graph[0 if then_branch else 1]._data
-        if graph_tensor.id in g.inputs:
-            i = self.graph_to_parent_input_index(g.inputs.index(graph_tensor.id), then_branch)
-            return self._parent._tensor(self._op.inputs[i])
-        if graph_tensor.id in g.outputs:
-            return self._parent._tensor(self._op.outputs[g.outputs.index(graph_tensor.id)])
-        raise ValueError(f"Tensor '{graph_tensor.id}' is not an input or output of '{g.id}'")
+    def parent_to_graph_input_index(self, idx: int) -> int:
+        """The branch input fed by parent input `idx` (the then branch's if it feeds both)."""
+        for then_branch in (True, False):
+            ins = self._branch_inputs(then_branch)
+            if idx in ins:
+                return ins.index(idx)
+        raise ValueError(f"Parent input {idx} of '{self._op.name}' feeds no branch input (input 0 "
+                         f"is the condition)")
 
-    def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False):
-        raise NotImplementedError("set_parent_input_modified is not supported for conditional")
+    def graph_to_parent_output_index(self, idx: int, then_branch: bool = True) -> int:
+        return idx
+
+    def parent_to_graph_output_index(self, idx: int, then_branch: bool = True) -> int:
+        return idx
+
+    def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
+        for then_branch, graph in zip((True, False), self.called_graph):
+            g = graph._data
+            if graph_tensor._graph._data is not g:
+                continue
+            if graph_tensor.id in g.inputs:
+                i = self.graph_to_parent_input_index(g.inputs.index(graph_tensor.id), then_branch)
+                return self._parent._tensor(self._op.inputs[i])
+            if graph_tensor.id in g.outputs:
+                return self._parent._tensor(self._op.outputs[g.outputs.index(graph_tensor.id)])
+        raise ValueError(f"Tensor '{graph_tensor.id}' is not an input or output of either branch "
+                         f"of '{self._op.name}'")
+
+    def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
+        """The branch input `parent_tensor` feeds (the then branch's if it feeds both)."""
+        if parent_tensor.id not in self._op.inputs[1:]:
+            raise ValueError(f"Tensor '{parent_tensor.id}' is not a branch input of this "
+                             f"conditional")
+        idx = self._op.inputs.index(parent_tensor.id, 1)
+        then_graph, else_graph = self.called_graph
+        graph = then_graph if self.is_parent_index_in_then_branch(idx) else else_graph
+        return graph._tensor(graph._data.inputs[self.parent_to_graph_input_index(idx)])
+
+    def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = True):
+        raise NotImplementedError("set_parent_input_modified is not supported for conditional "
+                                  "(as upstream)")
 
 
 def conditional_with_info(cond: Tensor, then_branch: Graph, else_branch: Graph,
@@ -270,7 +321,7 @@ def conditional_with_info(cond: Tensor, then_branch: Graph, else_branch: Graph,
     add_op("If", "conditional", ins, outs,
            {"then_inputs": tuple(then_idx), "else_inputs": tuple(else_idx)},
            called=(then_branch.id, else_branch.id))
-    return ConditionalSiteInfo(parent._data.ops[-1], parent)
+    return ConditionalSiteInfo(op_view(parent, parent._data.ops[-1]))
 
 
 def conditional(cond: Tensor, then_branch: Graph, else_branch: Graph,

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Literal, Optional, Sequence
+
+from popart import CollectiveOperator
 
 from .. import dtypes
 from ..context import gcg
@@ -41,6 +43,14 @@ __all__ = [
 ]
 
 REDUCE_OPS = ("add", "mean", "min", "max", "mul", "and", "or", "square_add")
+CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add", "local"]
+# The PopART operator of each op name. Upstream maps "mul" to Mean (a bug, see the module doc);
+# here it is Mul.
+OP_MAP = {"add": CollectiveOperator.Add, "mean": CollectiveOperator.Mean,
+          "mul": CollectiveOperator.Mul, "min": CollectiveOperator.Min,
+          "max": CollectiveOperator.Max, "and": CollectiveOperator.LogicalAnd,
+          "or": CollectiveOperator.LogicalOr, "square_add": CollectiveOperator.SquareAdd,
+          "local": CollectiveOperator.Local}
 _LOGICAL_OPS = ("and", "or")
 _NUMERIC_DTYPES = (dtypes.float32, dtypes.float16, dtypes.int32, dtypes.uint32)
 GATHER_MODES = ("auto", "new_axis", "concat", "meta_shape")
@@ -78,6 +88,15 @@ class CommGroup:
 
     def __repr__(self) -> str:
         return f"CommGroup(type={self.type}, replicaGroupSize={self.replicaGroupSize})"
+
+
+def to_collective_op(op: CollectiveOps) -> CollectiveOperator:
+    """The `popart.CollectiveOperator` of an op name ("add", "mean", ...)."""
+    try:
+        return OP_MAP[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"Not a valid op: {op!r}. Must choose from: "
+                         f"{', '.join(OP_MAP)}") from None
 
 
 # --- argument checks -------------------------------------------------------------------------
@@ -216,15 +235,28 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
     if t.shape[axis] % size:
         raise ValueError(f"{opname}: '{t.id}' {t.shape} axis {axis} (size {t.shape[axis]}) is not "
                          f"divisible by the group size {size}")
-    perm = (axis,) + tuple(i for i in range(t.rank) if i != axis)
-    moved = transpose(t, perm) if axis else t
-    part_shape = (moved.shape[0] // size,) + moved.shape[1:]
-    flat = reshape(moved, (moved.nelms,))
-    part = reshape(_reduce_scatter(opname, flat, "local", group, False), part_shape)
+    part_shape = t.shape[:axis] + (t.shape[axis] // size,) + t.shape[axis + 1:]
+    flat = _rearrange_input(t, axis)
+    return _rearrange_output(_reduce_scatter(opname, flat, "local", group, False), part_shape,
+                             axis)
+
+
+def _rearrange_input(t: Tensor, axis: int) -> Tensor:
+    """`t` with `axis` moved to the front, flattened (what a reduce-scatter chunks)."""
+    if axis:
+        t = transpose(t, (axis,) + tuple(i for i in range(t.rank) if i != axis))
+    return reshape(t, (t.nelms,))
+
+
+def _rearrange_output(y: Tensor, new_shape: tuple, axis: int) -> Tensor:
+    """Undo `_rearrange_input`: `y` (flat) as a tensor of `new_shape` with `axis` in place."""
+    rank = len(new_shape)
+    moved = (new_shape[axis],) + tuple(d for i, d in enumerate(new_shape) if i != axis)
+    y = reshape(y, moved)
     if not axis:
-        return part
-    inverse = tuple(perm.index(i) for i in range(t.rank))
-    return transpose(part, inverse)
+        return y
+    perm = (axis,) + tuple(i for i in range(rank) if i != axis)
+    return transpose(y, tuple(perm.index(i) for i in range(rank)))
 
 
 # --- all-gather ------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
 """Builders: print_tensor, ipu_copy, io_tile_copy, remote_code_load (code_copy always raises)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
+
+from popart._internal._types import CodeLocation
+from popart._internal._types import FloatFormat as _FloatFormat
+from popart._internal._types import PrintTensorFmt as _PrintTensorFmt
 
 from .. import context
 from ..errors import UndefinedValue
@@ -11,7 +15,11 @@ from ._builder import Out, add_op, check_tensor
 
 __all__ = ["print_tensor", "ipu_copy", "io_tile_copy", "remote_code_load"]
 
-_FLOAT_FORMATS = ("auto", "fixed", "scientific", "none")
+PrintTensorFmt = _PrintTensorFmt
+FloatFormat = Literal["auto", "fixed", "scientific", "none"]
+FLOAT_FORMAT_MAP = {"auto": _FloatFormat.Auto, "fixed": _FloatFormat.Fixed,
+                    "scientific": _FloatFormat.Scientific, "none": _FloatFormat.None_}
+_FLOAT_FORMATS = tuple(FLOAT_FORMAT_MAP)
 
 
 def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True,
@@ -21,9 +29,14 @@ def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True
                  close_bracket: str = "]") -> Tensor:
     """Print `t` at run time (`<title>: <values>`, NumPy-like) and return a copy of it.
 
+    As upstream (Poplar's PrintTensor stream), the text goes to the host's stderr; here it is
+    written by the host process after each run, replica by replica, whichever backend runs
+    the replicas. The op has a side effect, so it runs (and prints) even when its output is
+    unused; its gradient is printed only if the output is used on the gradient's path.
+
     Args:
         t: the tensor to print.
-        title: the printed title (default: the tensor's name).
+        title: the printed title (default: `print_<tensor name>`).
         print_self: print `t` in the forward pass.
         print_gradient: print the gradient of `t` when the graph is differentiated (titled
             `<title>_gradient`).
@@ -41,7 +54,8 @@ def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True
                    ("max_line_width", max_line_width), ("digits", digits)):
         if not isinstance(v, int) or v < 0:
             raise ValueError(f"print_tensor: '{arg}' must be a non-negative int, got {v!r}")
-    attrs = {"title": t.name if title is None else str(title), "print_self": bool(print_self),
+    attrs = {"title": f"print_{t.name}" if title is None else str(title),
+             "print_self": bool(print_self),
              "print_gradient": bool(print_gradient),
              "fmt": {"summarise_threshold": summarise_threshold, "edge_items": edge_items,
                      "max_line_width": max_line_width, "digits": digits,
@@ -80,18 +94,26 @@ def io_tile_copy(t: Tensor) -> Tensor:
                   [Out("io_tile_copy_out", t.shape, t.dtype, t.meta_shape)])[0]
 
 
-def remote_code_load(graph: Graph, destination: str = "executable") -> None:
+CODE_LOCATION = Literal["executable", "compute_buffer", "io_buffer"]
+TO_IR_ENUM_MAP = {"io_buffer": CodeLocation.Buffer, "compute_buffer": CodeLocation.Buffer,
+                  "executable": CodeLocation.ExecutableMemory}
+
+
+def remote_code_load(graph: Graph, destination: str) -> None:
     """Load `graph`'s code from streaming memory: a no-op in the emulator (all code is resident).
 
-    Only `destination="executable"` is supported (as upstream); loading the current graph
-    raises `ValueError`.
+    Only `destination="executable"` is supported (as upstream; "compute_buffer" and
+    "io_buffer" raise NotImplementedError); loading the current graph raises `ValueError`.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"remote_code_load: 'graph' must be a popxl.Graph, got "
                         f"{type(graph).__name__}")
+    if destination not in TO_IR_ENUM_MAP:
+        raise ValueError(f"remote_code_load: destination must be one of "
+                         f"{sorted(TO_IR_ENUM_MAP)}, got {destination!r}")
     if destination != "executable":
         raise NotImplementedError(f"remote_code_load: destination {destination!r} is not "
-                                  f"supported, only 'executable'")
+                                  f"supported, only 'executable' (as upstream)")
     if graph is context.gcg() or graph.id == context.gcg().id:
         raise ValueError(f"remote_code_load: cannot load the code of graph '{graph.id}' from "
                          f"inside itself")
@@ -99,6 +121,7 @@ def remote_code_load(graph: Graph, destination: str = "executable") -> None:
            {"graph": graph.id, "destination": destination})
 
 
-def code_copy(*args, **kwargs):
-    """Upstream stub: always raises."""
-    raise NotImplementedError("code_copy is not implemented upstream (use remote_code_load)")
+def code_copy(graph: Graph, source: str, destination: str) -> None:
+    """Copy a graph's code between memory locations: not implemented upstream either."""
+    raise NotImplementedError("code_copy is not implemented (upstream raises too; use "
+                              "remote_code_load)")

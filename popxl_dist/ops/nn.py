@@ -2,14 +2,17 @@
 conv and pooling."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, Literal, NamedTuple, Optional, Sequence, Tuple
+
+from popart import ReductionType
 
 from .. import dtypes
+from ..context import gcg
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_same_dtype, check_tensor
 
 __all__ = ["group_norm", "layer_norm", "batch_norm_inference", "nll_loss", "dropout",
-           "shaped_dropout", "conv", "average_pool", "max_pool"]
+           "shaped_dropout", "conv", "average_pool", "max_pool", "PadType"]
 
 
 def _group_norm(opname: str, t: Tensor, weight: Tensor, bias: Tensor, num_groups: int,
@@ -80,7 +83,10 @@ def batch_norm_inference(t: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, v
                   {"epsilon": float(epsilon), "momentum": float(momentum)})[0]
 
 
-_REDUCTIONS = ("mean", "sum", "none")
+REDUCTION_TYPE = Literal["mean", "sum", "none"]
+REDUCTION_MAP = {"mean": ReductionType.Mean, "sum": ReductionType.Sum,
+                 "none": ReductionType.NoReduction}
+_REDUCTIONS = tuple(REDUCTION_MAP)
 
 
 def nll_loss(probs: Tensor, labels: Tensor, ignore_index: Optional[int] = None,
@@ -168,7 +174,55 @@ def shaped_dropout(t: Tensor, seed_tensor: Tensor, shape: Sequence[int], ratio: 
 
 # --- convolution and pooling ------------------------------------------------------------------
 
+PadType = Literal["not_set", "same_upper", "same_lower", "valid"]
 _PAD_TYPES = ("not_set", "same_upper", "same_lower", "valid")
+_PARTIALS_TYPES = ("float", "half")
+
+
+def multi_conv_options(sess_opts, attr_param: Optional[Dict[str, Any]],
+                       available_memory_proportions, partials_types,
+                       enable_conv_dithering) -> Dict[str, Any]:
+    """The per-convolution tuning options of a conv op, checked: the session's
+    `convolutionOptions` with `attr_param` on top, plus the memory proportions (in (0, 1]),
+    partials types ("float"/"half") and dithering flags. They tune Poplar's convolution
+    planner only; the emulator computes the same result whatever they are."""
+    def as_list(v):
+        return [] if v is None else list(v) if isinstance(v, (list, tuple)) else [v]
+
+    amps = [float(a) for a in as_list(available_memory_proportions)]
+    if any(not 0.0 < a <= 1.0 for a in amps):
+        raise ValueError(f"conv: available_memory_proportions must be in (0, 1], got {amps}")
+    partials = [str(p).lower() for p in as_list(partials_types)]
+    if any(p not in _PARTIALS_TYPES for p in partials):
+        raise ValueError(f"conv: partials_types must be 'float' or 'half', got {partials}")
+    options = dict(getattr(sess_opts, "convolutionOptions", {}) or {})
+    options.update(attr_param or {})
+    return {"convolutionOptions": options, "availableMemoryProportions": amps,
+            "partialsTypes": partials,
+            "enableConvDithering": [bool(d) for d in as_list(enable_conv_dithering)]}
+
+
+class ReceptiveAttributes(NamedTuple):
+    """Window attributes of a pooling or convolution op (upstream's ReceptiveOpAttributes)."""
+
+    strides: Tuple[int, ...]
+    pads: Tuple[int, ...]
+    outPads: Tuple[int, ...]
+    dilations: Tuple[int, ...]
+    inDilations: Tuple[int, ...]
+    auto_pad: str
+    ceil_mode: int
+
+
+def receptive_attributes(strides, pads, out_pads, dilations, in_dilations, auto_pad,
+                         ceil_mode) -> ReceptiveAttributes:
+    """The window attributes as PopART takes them: None becomes an empty list (the op's
+    default), `ceil_mode` an int."""
+    def t(v):
+        return () if v is None else tuple(int(x) for x in v)
+
+    return ReceptiveAttributes(t(strides), t(pads), t(out_pads), t(dilations), t(in_dilations),
+                               str(auto_pad), int(bool(ceil_mode)))
 
 
 def _spatial_arg(opname: str, argname: str, v, n: int, default: int) -> Tuple[int, ...]:
@@ -252,16 +306,19 @@ def conv_geometry(name: str, t: Tensor, weight: Tensor, stride, padding, dilatio
 
 def conv(t: Tensor, weight: Tensor, stride: Sequence[int] = (1, 1),
          padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1), groups: int = 1,
-         pad_type: str = "not_set", available_memory_proportion=None, partials_types=None,
-         enable_conv_dithering=None) -> Tensor:
+         pad_type: PadType = "not_set", available_memory_proportions=None,
+         partials_types=None, enable_conv_dithering=None) -> Tensor:
     """ONNX Conv: `t` (N, C, *spatial) with `weight` (M, C/groups, *kernel), no bias.
 
     `padding` is ONNX-style (begins..., ends...); `pad_type` "same_upper"/"same_lower"/"valid"
-    overrides it. The memory/partials/dithering options only tune the IPU and are ignored.
-    float8 operands need `conv_pow2scaled`.
+    overrides it. The memory/partials/dithering options only tune the IPU: they are checked
+    (`multi_conv_options`) and do not change the result. float8 operands need
+    `conv_pow2scaled`.
     """
     name = "conv"
     check_float_operands(name, t, weight, "conv_pow2scaled")
+    multi_conv_options(gcg().ir._session_opts(), None, available_memory_proportions,
+                       partials_types, enable_conv_dithering)
     attrs, shape = conv_geometry(name, t, weight, stride, padding, dilation, groups, pad_type)
     return add_op("Conv", name, [t, weight], [Out(f"{name}_out", shape, t.dtype)], attrs)[0]
 

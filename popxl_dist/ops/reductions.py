@@ -145,6 +145,12 @@ def cumsum(t: Tensor, dim: int = 0) -> Tensor:
                   {"axis": ax, "reverse": False})[0]
 
 
+def check_increment(levels: List[float]) -> None:
+    """Raise ValueError unless `levels` is strictly increasing (histogram bin edges)."""
+    if any(b <= a for a, b in zip(levels, levels[1:])):
+        raise ValueError(f"histogram: levels must be strictly increasing, got {list(levels)}")
+
+
 def histogram(t: Tensor, levels: List[float], absolute_of_input: bool) -> Tensor:
     """uint32 counts of the flattened `t` in `len(levels) + 1` bins.
 
@@ -157,8 +163,7 @@ def histogram(t: Tensor, levels: List[float], absolute_of_input: bool) -> Tensor
     lv = [float(x) for x in levels]
     if not lv:
         raise ValueError("histogram: levels must not be empty")
-    if any(b <= a for a, b in zip(lv, lv[1:])):
-        raise ValueError(f"histogram: levels must be strictly increasing, got {lv}")
+    check_increment(lv)
     return add_op("Histogram", "histogram", [t],
                   [Out("histogram_out", (len(lv) + 1,), dtypes.uint32)],
                   {"levels": tuple(lv), "absolute_of_input": bool(absolute_of_input)})[0]

@@ -19,6 +19,14 @@ __all__ = ["remote_load", "remote_load_", "remote_store"]
 _OFFSET_DTYPES = (dtypes.int32, dtypes.uint32)
 
 
+def multiply_tuple(tup) -> int:
+    """The product of the entries of `tup` (the element count of a shape)."""
+    n = 1
+    for d in tup:
+        n *= int(d)
+    return n
+
+
 def _offset(buf: RemoteBuffer, offset: Union[int, Tensor], opname: str) -> Tensor:
     if isinstance(offset, Tensor):
         check_in_graph(gcg(), offset, opname)

@@ -5,9 +5,10 @@ dynamic_slice, dynamic_update(_) and onehot.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from popart._internal._types import ScatterReduction
 
 from .._ir.records import TensorKind
 from ..tensor import Tensor
@@ -17,8 +18,8 @@ __all__ = ["squeeze", "slice", "slice_", "subsample", "split", "concat", "concat
            "tied_gather", "groupedgather", "scatter", "scatter_reduce", "grouped_scatter_reduce",
            "dynamic_slice", "dynamic_update", "dynamic_update_", "onehot"]
 
-INT_MAX = 2 ** 63 - 1
-INT_MIN = -(2 ** 63)
+INT_MIN = -2 ** 31          # upstream's "to the start / end" slice bounds
+INT_MAX = 2 ** 31 - 1
 
 IntOrList = Optional[Union[int, Sequence[int]]]
 
@@ -91,11 +92,22 @@ def _onnx_range(dim: int, start: int, stop: int, step: int) -> Tuple[int, Option
     return s, (None if e < 0 else e), step, n
 
 
-def _slice_spec(opname: str, t: Tensor, start, stop, step, axis):
-    """(slices, out_shape): slices is a tuple of (axis, start, stop, step) per sliced axis."""
+def process_args(start: IntOrList = None, stop: IntOrList = None, step: IntOrList = None,
+                 axis: IntOrList = None) -> Tuple[List[int], List[int], List[int], List[int]]:
+    """Normalise slice arguments (see `_process_args`)."""
+    return _process_args(start, stop, step, axis, "slice")
+
+
+def _process_args(start: IntOrList, stop: IntOrList, step: IntOrList, axis: IntOrList,
+                  opname: str) -> Tuple[List[int], List[int], List[int], List[int]]:
+    """Normalise slice arguments to equal-length lists (start, stop, step, axis): scalars become
+    lists; `axis` defaults to the first axes, `step` to 1, `start` to 0 (-1 for a negative step)
+    and `stop` to INT_MAX (INT_MIN for a negative step)."""
     lists = {"start": _as_list(opname, "start", start), "stop": _as_list(opname, "stop", stop),
              "step": _as_list(opname, "step", step), "axis": _as_list(opname, "axis", axis)}
     lens = {k: len(v) for k, v in lists.items() if v is not None}
+    if not lens:
+        raise ValueError(f"{opname}: give at least one of start, stop, step and axis")
     if len(set(lens.values())) > 1:
         raise ValueError(f"{opname}: start, stop, step and axis must have the same length, got "
                          f"{lens}")
@@ -107,6 +119,12 @@ def _slice_spec(opname: str, t: Tensor, start, stop, step, axis):
     starts = lists["start"] if lists["start"] is not None else [0 if s > 0 else -1 for s in steps]
     stops = lists["stop"] if lists["stop"] is not None else [INT_MAX if s > 0 else INT_MIN
                                                               for s in steps]
+    return starts, stops, steps, axes
+
+
+def _slice_spec(opname: str, t: Tensor, start, stop, step, axis):
+    """(slices, out_shape): slices is a tuple of (axis, start, stop, step) per sliced axis."""
+    starts, stops, steps, axes = _process_args(start, stop, step, axis, opname)
     axes = [_axis(opname, t, a) for a in axes]
     if len(set(axes)) != len(axes):
         raise ValueError(f"{opname}: repeated axis in {axes}")
@@ -253,8 +271,11 @@ def gather(t: Tensor, indices: Tensor, axis: int = 0,
            available_memory_proportion: Optional[float] = None, zero_OOR: bool = False) -> Tensor:
     """`np.take(t, indices, axis)`.
 
-    Negative indices count from the end (NumPy). Out-of-range indices give 0 with `zero_OOR`;
-    without it they raise at run time (upstream's values are undefined).
+    Out-of-range indices give zeros: upstream documents undefined data without `zero_OOR` and
+    zeros with it; the emulator gives zeros in both cases (deterministic on every backend) and
+    never raises at run time. Without `zero_OOR`, negative indices from -dim count from the end
+    (NumPy); with it, every negative index is out of range (as on the IPU). The gradient of an
+    out-of-range row is dropped.
     """
     return _gather("Gather", "gather", t, indices, axis, 1, zero_OOR)
 
@@ -300,6 +321,11 @@ def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
                   [Out("scatter_out", t.shape, t.dtype)], {"axis": ax})[0]
 
 
+ScatterReductionType = Literal["sum", "min", "max", "none"]
+reduction_dict = {"sum": ScatterReduction.Sum, "min": ScatterReduction.Min,
+                  "max": ScatterReduction.Max, "none": ScatterReduction.None_}
+
+
 def scatter_reduce(data: Tensor, indices: Tensor, reduction: str,
                    initial_values: Optional[Tensor] = None, axis: int = 0,
                    axis_size: Optional[int] = None, enable_index_broadcast: bool = True,
@@ -338,7 +364,7 @@ def _scatter_reduce(opname: str, data: Tensor, indices: Tensor, reduction: str,
                     group_size: int, enable_index_broadcast: bool) -> Tensor:
     check_tensor(data, opname, "data")
     _check_int_tensor(opname, indices, "indices")
-    if reduction not in ("sum", "max", "min", "none"):
+    if reduction not in reduction_dict:
         raise ValueError(f"{opname}: reduction must be 'sum', 'max', 'min' or 'none', got "
                          f"{reduction!r}")
     ax = _axis(opname, data, axis)
@@ -417,7 +443,7 @@ def _dynamic_window(opname: str, t: Tensor, index: Tensor, axes, sizes) -> Tuple
 
 
 def dynamic_slice(t: Tensor, index: Tensor, axes: List[int], sizes: List[int],
-                  no_overlap: bool = False) -> Tensor:
+                  no_overlap: bool) -> Tensor:
     """A copy of `t[index_i : index_i + size_i]` on each axis in `axes`; `index` is a runtime
     (uint32) tensor of shape `(len(axes),)`. Starts are clamped to `[0, dim - size]`."""
     axes, sizes, shape = _dynamic_window("dynamic_slice", t, index, axes, sizes)
@@ -441,14 +467,14 @@ def _dynamic_update(opname: str, op_type: str, out_name: str, t: Tensor, index: 
 
 
 def dynamic_update(t: Tensor, index: Tensor, t_update: Tensor, axes: List[int],
-                   sizes: List[int], no_overlap: bool = False) -> Tensor:
+                   sizes: List[int], no_overlap: bool) -> Tensor:
     """A copy of `t` with `t_update` written into the window at runtime `index`."""
     return _dynamic_update("dynamic_update", "DynamicUpdate", "dynamic_update_out", t, index,
                            t_update, axes, sizes, no_overlap)
 
 
 def dynamic_update_(t: Tensor, index: Tensor, t_update: Tensor, axes: List[int],
-                    sizes: List[int], no_overlap: bool = False) -> Tensor:
+                    sizes: List[int], no_overlap: bool) -> Tensor:
     """Write `t_update` into `t` in place at runtime `index` (modifying). Returns `t`'s alias."""
     return _dynamic_update("dynamic_update_", "DynamicUpdateInplace",
                            "dynamic_update_inplace_out", t, index, t_update, axes, sizes,

@@ -28,6 +28,11 @@ def _reshape_shape(t: Tensor, shape: Sequence[int], opname: str) -> Tuple[int, .
     return shape
 
 
+def reshape_handle_negative_axis(t: Tensor, shape: Sequence[int]) -> Tuple[int, ...]:
+    """`shape` with its -1 entry (if any) replaced by the size that keeps `t`'s element count."""
+    return _reshape_shape(t, shape, "reshape")
+
+
 def reshape(t: Tensor, shape: Sequence[int]) -> Tensor:
     """`t` with a new shape (one entry may be -1)."""
     check_tensor(t, "reshape", "t")

@@ -3,10 +3,18 @@
 A Python float argument is a compile-time constant (an attribute); a Tensor is a runtime scalar
 (an extra input). `t` and `X` have the same shape and may differ in dtype (mixed precision: `X`
 is rounded into `t`'s dtype, the update is computed in float32 and rounded once into `t`).
+
+The accumulate family (`accumulate_*`, `accumulator_scale_`, `accumulator_zero_`,
+`sparse_accumulate_`) and `copy_var_update_` also take integer accumulators, as upstream does
+(e.g. `accumulate_(int32 tensor, int32 variable)`): a plain add is exact integer arithmetic
+(wrapping on overflow); with a scale factor the update is computed in float64 and converted back
+with truncation toward zero (C's float-to-int conversion).
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Union
+
+from popart import OptimizerValue
 
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
@@ -23,6 +31,12 @@ def _check_float(t: Tensor, opname: str, argname: str) -> None:
     if not t.dtype.is_floating_point:
         raise TypeError(f"{opname}: '{argname}' '{t.id}' must have a floating point dtype, got "
                         f"{t.dtype.name}")
+
+
+def _check_numeric(t: Tensor, opname: str, argname: str) -> None:
+    if not (t.dtype.is_floating_point or t.dtype.is_int):
+        raise TypeError(f"{opname}: '{argname}' '{t.id}' must have a numeric (float or integer) "
+                        f"dtype, got {t.dtype.name}")
 
 
 def _check_same_shape(opname: str, t: Tensor, X: Tensor) -> None:
@@ -55,7 +69,8 @@ def _scalar_arg(opname: str, argname: str, v: Any, ins: List[Tensor], attrs: Dic
 def _accumulate(opname: str, mode: str, t: Tensor, X: Tensor, f: Optional[Scalar]) -> Tensor:
     check_tensor(t, opname, "t")
     check_tensor(X, opname, "X")
-    _check_float(t, opname, "t")
+    _check_numeric(t, opname, "t")
+    _check_numeric(X, opname, "X")
     _check_same_shape(opname, t, X)
     ins = [t, X]
     attrs: Dict[str, Any] = {"mode": mode}
@@ -95,7 +110,7 @@ def accumulate_moving_average_square_(t: Tensor, X: Tensor, f: Scalar) -> Tensor
 def accumulator_scale_(t: Tensor, f: Scalar) -> Tensor:
     """In place `t = f*t`; a constant `f == 0` zeroes `t` (clearing NaN/Inf)."""
     check_tensor(t, "accumulator_scale_", "t")
-    _check_float(t, "accumulator_scale_", "t")
+    _check_numeric(t, "accumulator_scale_", "t")
     ins = [t]
     attrs: Dict[str, Any] = {}
     _scalar_arg("accumulator_scale_", "f", f, ins, attrs)
@@ -124,7 +139,7 @@ def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0,
     check_tensor(t, name, "t")
     check_tensor(X, name, "X")
     check_tensor(indices, name, "indices")
-    _check_float(t, name, "t")
+    _check_numeric(t, name, "t")
     if not indices.dtype.is_int:
         raise TypeError(f"{name}: 'indices' '{indices.id}' must be integer, got "
                         f"{indices.dtype.name}")
@@ -174,8 +189,7 @@ def _updater(opname: str, op_type: str, m: Tensor, v: Tensor, weight: Optional[T
     if m.shape != v.shape:
         raise ValueError(f"{opname}: 'acc_first_order' '{m.id}' {m.shape} and 'acc_second_order' "
                          f"'{v.id}' {v.shape} must have the same shape")
-    wd_on = isinstance(weight_decay, Tensor) or (weight_decay is not None
-                                                 and float(weight_decay) != 0.0)
+    wd_on = weight_decay_is_required(weight_decay)
     if wd_on and weight is None:
         raise ValueError(f"{opname}: weight decay {weight_decay!r} needs the 'weight' tensor")
     if time_step is not None and (beta1 is None or (mode != "adamax" and beta2 is None)):
@@ -214,6 +228,63 @@ def _updater(opname: str, op_type: str, m: Tensor, v: Tensor, weight: Optional[T
                   attrs)[0]
 
 
+_ADAM_MODES = {"Adam": ("AdamUpdater", "adam", True), "AdamNoBias": ("AdamUpdater", "adam", False),
+               "Lamb": ("LambUpdater", "lamb", True), "LambNoBias": ("LambUpdater", "lamb", False),
+               "AdaMax": ("AdaMaxUpdater", "adamax", True)}
+
+
+def weight_decay_is_required(weight_decay: Optional[Scalar]) -> bool:
+    """Whether `weight_decay` turns weight decay on: a Tensor, or a non-zero number."""
+    return isinstance(weight_decay, Tensor) or (weight_decay is not None
+                                                and float(weight_decay) != 0.0)
+
+
+def handle_optimizer_value(f: Optional[Scalar], ins: Dict[int, str], index: int) -> OptimizerValue:
+    """An optimiser hyper-parameter as upstream passes it to PopART: a Tensor becomes input
+    `index` (`ins[index] = f.id`) and a non-constant `OptimizerValue`; a number a constant one."""
+    if isinstance(f, Tensor):
+        ins[index] = f.id
+        return OptimizerValue(0.0, False)
+    if f is None:
+        return OptimizerValue()
+    return OptimizerValue(float(f), True)
+
+
+def create_adamupdater(acc_first_order: Tensor, acc_second_order: Tensor, ins: Dict[int, str],
+                       mode, weight: Optional[Tensor] = None,
+                       time_step: Optional[Tensor] = None,
+                       weight_decay: Optional[Scalar] = None, beta1: Optional[float] = None,
+                       beta2: Optional[float] = None, epsilon: float = 1e-07) -> Tensor:
+    """Build an updater op (what `adam_updater`, `lamb_updater` and `adamax_updater` share).
+
+    Args:
+        mode: "Adam", "AdamNoBias", "Lamb", "LambNoBias", "AdaMax" or the `_ir.AdamMode` value;
+            the "NoBias" modes take no `time_step`.
+        ins: the op's inputs by index as upstream's builders fill them (0: weight, 1: first
+            order, 2: second order, 3: time step); each entry must name the matching argument.
+    """
+    name = getattr(mode, "name", mode)
+    if name not in _ADAM_MODES:
+        raise ValueError(f"create_adamupdater: unknown mode {mode!r}; expected one of "
+                         f"{sorted(_ADAM_MODES)}")
+    op_type, kind, bias = _ADAM_MODES[name]
+    opname = f"{kind}_updater"
+    if not bias and time_step is not None:
+        raise ValueError(f"{opname}: mode {name} has no bias correction, so it takes no "
+                         f"'time_step'")
+    for idx, arg, t in ((0, "weight", weight), (1, "acc_first_order", acc_first_order),
+                        (2, "acc_second_order", acc_second_order), (3, "time_step", time_step)):
+        if idx in ins and (t is None or ins[idx] != t.id):
+            raise ValueError(f"{opname}: ins[{idx}] is {ins[idx]!r} but '{arg}' is "
+                             f"{None if t is None else t.id!r}")
+    return _updater(opname, op_type, acc_first_order, acc_second_order, weight, time_step,
+                    weight_decay, beta1, beta2, epsilon, kind)
+
+
+def _mode(base: str, time_step: Optional[Tensor]) -> str:
+    return base if time_step is not None else f"{base}NoBias"
+
+
 def adam_updater(acc_first_order: Tensor, acc_second_order: Tensor,
                  weight: Optional[Tensor] = None, time_step: Optional[Tensor] = None,
                  weight_decay: Optional[Scalar] = None, beta1: Optional[float] = None,
@@ -226,8 +297,8 @@ def adam_updater(acc_first_order: Tensor, acc_second_order: Tensor,
     Returns:
         `Updater`: the weight's dtype when weight decay uses the weight, else m's dtype.
     """
-    return _updater("adam_updater", "AdamUpdater", acc_first_order, acc_second_order, weight,
-                    time_step, weight_decay, beta1, beta2, epsilon, "adam")
+    return create_adamupdater(acc_first_order, acc_second_order, {}, _mode("Adam", time_step),
+                              weight, time_step, weight_decay, beta1, beta2, epsilon)
 
 
 def lamb_updater(acc_first_order: Tensor, acc_second_order: Tensor,
@@ -235,8 +306,8 @@ def lamb_updater(acc_first_order: Tensor, acc_second_order: Tensor,
                  weight_decay: Optional[Scalar] = None, beta1: Optional[float] = None,
                  beta2: Optional[float] = None, epsilon: float = 1e-07) -> Tensor:
     """The LAMB updater: the Adam formula; the trust ratio is applied by `adam_var_update`."""
-    return _updater("lamb_updater", "LambUpdater", acc_first_order, acc_second_order, weight,
-                    time_step, weight_decay, beta1, beta2, epsilon, "lamb")
+    return create_adamupdater(acc_first_order, acc_second_order, {}, _mode("Lamb", time_step),
+                              weight, time_step, weight_decay, beta1, beta2, epsilon)
 
 
 def adamax_updater(acc_first_order: Tensor, acc_second_order: Tensor,
@@ -247,8 +318,8 @@ def adamax_updater(acc_first_order: Tensor, acc_second_order: Tensor,
     incremented in place first."""
     if time_step is None:
         raise ValueError("adamax_updater: 'time_step' is required")
-    return _updater("adamax_updater", "AdaMaxUpdater", acc_first_order, acc_second_order, weight,
-                    time_step, weight_decay, beta1, None, epsilon, "adamax")
+    return create_adamupdater(acc_first_order, acc_second_order, {}, "AdaMax", weight,
+                              time_step, weight_decay, beta1, None, epsilon)
 
 
 def adam_var_update(t: Tensor, x: Tensor, r1: Tensor, r2: Tensor,

@@ -1,5 +1,6 @@
 """Runtimes place an Ir's replicas on workers. `create_runtime` picks the backend named by
-`POPXL_BACKEND` (default `local`) with `POPXL_WORKERS` workers."""
+`POPXL_BACKEND` (default `local`) with `POPXL_WORKERS` workers, or the instance runtime of a
+multi-instance popdist launch."""
 from __future__ import annotations
 
 from .._ir.records import IrData
@@ -10,7 +11,12 @@ __all__ = ["create_runtime", "Runtime"]
 
 
 def create_runtime(ir: IrData) -> Runtime:
-    """The runtime of `POPXL_BACKEND` for this Ir, on the process-wide pool of that backend."""
+    """The runtime of `POPXL_BACKEND` for this Ir, on the process-wide pool of that backend;
+    a popdist instance's own runtime for `Ir(replication="popdist")` with several instances."""
+    if ir.instance is not None:
+        from .instances import InstanceRuntime
+
+        return InstanceRuntime(ir)
     name = backend_name()
     if name == "local":
         workers = worker_count(default=1)

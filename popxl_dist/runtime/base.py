@@ -1,13 +1,37 @@
 """The interface a Session drives; each backend implements it."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+import sys
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .._ir.records import IrData, TensorKind
 
-__all__ = ["Runtime", "to_host_layout", "needed_replicas", "host_value"]
+__all__ = ["Runtime", "to_host_layout", "needed_replicas", "host_value", "Printed",
+           "emit_prints"]
+
+
+class Printed(NamedTuple):
+    """A worker's reply to a run that printed (`ops.print_tensor`): its result and the lines."""
+
+    result: Any
+    lines: List[str]
+
+
+def emit_prints(lines: Sequence[str]) -> None:
+    """Write PrintTensor output in the host process, to stderr (as upstream's Poplar stream)."""
+    if lines:
+        sys.stderr.write("".join(lines))
+        sys.stderr.flush()
+
+
+def unwrap_printed(reply: Any) -> Any:
+    """A worker reply without its print lines (which are written to stderr here)."""
+    if isinstance(reply, Printed):
+        emit_prints(reply.lines)
+        return reply.result
+    return reply
 
 
 def _members(ir: IrData, rg, r: int) -> List[int]:
@@ -96,6 +120,21 @@ class Runtime:
 
     def write_variables(self, values: Dict[str, np.ndarray]) -> None:
         raise NotImplementedError
+
+    def blocks(self) -> List[Tuple[int, int]]:
+        """The replica block `(lo, hi)` of each worker, in worker order."""
+        return [(0, self.ir.replication_factor)]
+
+    def shares_workers_with(self, other: "Runtime") -> bool:
+        """Whether `other`'s replicas live on this runtime's workers (worker w of both is the
+        same worker), so `copy_to` can copy between them there."""
+        return False
+
+    def copy_to(self, other: "Runtime", plans: Sequence[list]) -> None:
+        """Copy variables into `other` on the workers (`plans[w]` for worker w, made by
+        `runtime.copy.plan_copy`); only when `shares_workers_with(other)`."""
+        raise NotImplementedError(f"the {self.name} runtime cannot copy variables on its "
+                                  f"workers")
 
     def close(self) -> None:
         """Free the workers' copy of this program (called when the Session is collected)."""

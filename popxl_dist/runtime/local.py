@@ -8,7 +8,7 @@ import numpy as np
 
 from .._ir.records import IrData
 from ..engine.executor import Worker
-from .base import Runtime, host_value, needed_replicas
+from .base import Runtime, emit_prints, host_value, needed_replicas
 
 __all__ = ["LocalRuntime"]
 
@@ -24,10 +24,16 @@ class LocalRuntime(Runtime):
         self.d2h_streams = self.worker.program.d2h_streams
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        self.worker.run(inputs, outputs)
+        try:
+            self.worker.run(inputs, outputs)
+        finally:                      # lines printed before a failure help to debug it
+            emit_prints(self.worker.take_prints())
 
     def run_fragment(self, which: str) -> None:
-        self.worker.run_fragment(which)
+        try:
+            self.worker.run_fragment(which)
+        finally:
+            emit_prints(self.worker.take_prints())
 
     def read_variables(self, tids: Sequence[str]) -> Dict[str, np.ndarray]:
         wanted = {t: needed_replicas(self.ir, t) for t in tids}
@@ -39,6 +45,12 @@ class LocalRuntime(Runtime):
                 per_replica[r] = v
             out[t] = host_value(self.ir, t, per_replica)
         return out
+
+    def shares_workers_with(self, other: Runtime) -> bool:
+        return isinstance(other, LocalRuntime)       # both in this process
+
+    def copy_to(self, other: Runtime, plans: Sequence[list]) -> None:
+        self.worker.copy_to(other.worker, plans[0])
 
     def memory_report(self) -> List[Dict[str, int]]:
         return [self.worker.memory_report()]

@@ -76,8 +76,10 @@ class Mailbox:
                             f"this collective: the replicas diverged")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise CollectiveTimeout(f"{describe()}: no data from worker(s) {missing} "
+                    err = CollectiveTimeout(f"{describe()}: no data from worker(s) {missing} "
                                             f"after {timeout:g} s")
+                    err.workers, err.timeout = tuple(missing), timeout
+                    raise err
                 self._cv.wait(min(left, 0.1 if gone_since is not None else 1.0))
 
     def _pop(self, key) -> np.ndarray:

@@ -10,6 +10,7 @@ in the host script instead of a hang.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -23,6 +24,8 @@ import numpy as np
 from ..engine.comm import Transport
 from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
 from .env import collective_timeout, worker_count
+from .liveness import LAUNCHER_ENV, ProcessRef, Watchdog, exit_process
+from .mpi_segments import unlink_mpich_segments
 from .polling import Backoff as _Backoff, process_alive as _alive
 from .pool import WorkerPool
 from .service import WorkerService
@@ -84,9 +87,12 @@ class MPITransport(Transport):
                                       f"finished the run without joining this collective (tag "
                                       f"{tag}): the replicas diverged")
                 if time.monotonic() > deadline:
-                    raise CollectiveTimeout(
+                    silent = [p for p, r in zip(bufs, rreqs) if not r.Test()]
+                    err = CollectiveTimeout(
                         f"worker {pool.rank}: collective (tag {tag}) got no data from worker(s) "
-                        f"{sorted(bufs)} within {pool.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                        f"{silent} within {pool.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                    err.workers, err.timeout = tuple(silent), pool.timeout
+                    raise err
                 backoff.wait()
         except BaseException:
             for r in rreqs:
@@ -113,6 +119,9 @@ class MPIPool(WorkerPool):
         self.data = world.Dup()
         self.timeout = collective_timeout()
         self.procs = self.ctrl.allgather((socket.gethostname(), os.getpid()))
+        # Every rank has attached MPICH's shared memory by now (MPI_Init is done everywhere):
+        # unlinked, it goes with the last process however the job ends.
+        unlink_mpich_segments()
         self.transport = MPITransport(self)
         self.service = WorkerService(self.rank, self.transport, self._on_run)
         self.broken: Optional[str] = None
@@ -122,6 +131,10 @@ class MPIPool(WorkerPool):
         if threading.current_thread() is threading.main_thread():
             # mpiexec -disable-auto-cleanup signals SIGUSR1 when a rank dies (default: terminate).
             signal.signal(signal.SIGUSR1, self._on_peer_failure)
+        self._launcher = ProcessRef.parse(os.environ.get(LAUNCHER_ENV, ""))
+        self.watchdog: Optional[Watchdog] = None
+        if self.size > 1 or self._launcher is not None:
+            self.watchdog = Watchdog(self._watch, name="popxl-mpi-watchdog")
 
     def _on_peer_failure(self, signum, frame) -> None:
         self._peer_signal = True
@@ -130,6 +143,31 @@ class MPIPool(WorkerPool):
         self.transport.run_id = run_id
 
     # --- liveness ------------------------------------------------------------------------
+    def _watch(self) -> Optional[BaseException]:
+        """The watchdog's check (see `liveness`): every rank ends when the launcher died, a
+        worker when the host died; the host gets WorkerDied (raised while it computes its own
+        replicas) when a worker died."""
+        if self._launcher is not None and self._launcher.gone():
+            exit_process(f"MPI rank {self.rank}: the launcher (popxl-run, pid "
+                         f"{self._launcher.pid}) died")
+        if self.rank != 0:
+            if self._dead_peers([0]):
+                exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid "
+                             f"{self.procs[0][1]}) died")
+            return None
+        if self.closed:
+            return None
+        dead = self._dead_peers(range(1, self.size))
+        return self._died(dead) if dead else None
+
+    def _died(self, dead: Sequence[int]) -> WorkerDied:
+        """Mark the pool unusable; the error that names the dead workers."""
+        self.broken = f"MPI rank(s) {list(dead)} died"
+        err = WorkerDied(f"worker(s) {list(dead)} (MPI rank(s) {list(dead)}) died; the MPI "
+                         f"worker pool cannot be used again")
+        err.workers = list(dead)
+        return err
+
     def _dead_peers(self, ranks: Sequence[int]) -> List[int]:
         host = socket.gethostname()
         return [r for r in ranks if self.procs[r][0] == host and not _alive(self.procs[r][1])]
@@ -145,11 +183,7 @@ class MPIPool(WorkerPool):
                 self.procs[r][0] != socket.gethostname() for r in ranks):
             dead = [r for r in ranks if self.procs[r][0] != socket.gethostname()]
         if dead:
-            self.broken = f"MPI rank(s) {dead} died"
-            err = WorkerDied(f"worker(s) {dead} (MPI rank(s) {dead}) died; the MPI worker pool "
-                             f"cannot be used again")
-            err.workers = dead
-            raise err
+            raise self._died(dead)
 
     # --- host side ---------------------------------------------------------------------
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
@@ -165,7 +199,8 @@ class MPIPool(WorkerPool):
         sends = [self.ctrl.isend((cmd, sid, run_id, payloads[w]), dest=w, tag=CMD)
                  for w in range(1, n)]
         try:
-            own = self.service.handle(cmd, sid, run_id, payloads[0])
+            with self._armed():       # this thread does not poll while it computes
+                own = self.service.handle(cmd, sid, run_id, payloads[0])
             self._wait_replies(run_id, range(1, n))
         except BaseException as e:
             # Not waiting for the command sends: a large one to a dead rank never completes.
@@ -178,6 +213,9 @@ class MPIPool(WorkerPool):
             status, _, _, value = self._replies[w]
             results.append(value)
         return results
+
+    def _armed(self):
+        return self.watchdog.armed() if self.watchdog is not None else contextlib.nullcontext()
 
     def _take_reply(self, run_id: int) -> Optional[int]:
         """Receive one pending reply if there is one; raise if it reports a failure."""
@@ -193,6 +231,11 @@ class MPIPool(WorkerPool):
         self._replies[worker] = reply
         if status == "error":
             raise WorkerError(f"worker {worker} (MPI rank {worker}) failed: {value}")
+        if status == "timeout":
+            text, silent = value
+            err = CollectiveTimeout(f"worker {worker} (MPI rank {worker}): {text}")
+            err.workers = tuple(silent)
+            raise err
         return worker
 
     def _wait_replies(self, run_id: int, workers: Sequence[int]) -> None:
@@ -227,6 +270,14 @@ class MPIPool(WorkerPool):
         if isinstance(exc, WorkerDied):
             return
         pending = [w for w in workers if w not in self._replies]
+        silent = [w for w in getattr(exc, "workers", ()) if w in pending] \
+            if isinstance(exc, CollectiveTimeout) else []
+        if silent:
+            # They sent nothing for the whole timeout (stopped or hung): waiting longer for
+            # their answer would only delay the error, and they cannot take new commands.
+            self.broken = (f"worker(s) {silent} sent nothing to a collective within "
+                           f"{self.timeout:g} s (stopped or hung?)")
+            pending = [w for w in pending if w not in silent]
         for w in pending:
             self.ctrl.send((run_id, f"another worker failed: {_describe(exc)}"), dest=w, tag=ABORT)
         deadline = time.monotonic() + _ABORT_GRACE
@@ -246,6 +297,8 @@ class MPIPool(WorkerPool):
         """Tell the workers to exit; False if some cannot be reached (the caller aborts MPI)."""
         if self.rank != 0 or self.size == 1:
             return True
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.broken:
             return False
         self.closed = True
@@ -282,12 +335,16 @@ class MPIPool(WorkerPool):
                 cmd, sid, run_id, payload = self.ctrl.recv(source=0, tag=CMD)
                 if cmd == "shutdown":
                     self.ctrl.send(("bye", self.rank, 0, None), dest=0, tag=REPLY)
+                    if self.watchdog is not None:
+                        self.watchdog.stop()
                     return
                 try:
                     reply = ("ok", self.rank, run_id,
                              self.service.handle(cmd, sid, run_id, payload))
                 except RunAborted as e:
                     reply = ("aborted", self.rank, run_id, str(e))
+                except CollectiveTimeout as e:
+                    reply = ("timeout", self.rank, run_id, (str(e), tuple(e.workers)))
                 except WorkerDied as e:
                     reply = ("error", self.rank, run_id, _describe(e))
                 except BaseException as e:  # noqa: BLE001 - reported to the host
@@ -303,7 +360,9 @@ class MPIPool(WorkerPool):
                 if now - self._last_liveness > _LIVENESS_PERIOD or self._peer_signal:
                     self._last_liveness = now
                     if self._dead_peers([0]):
-                        return                           # the host is gone: nothing to serve
+                        # Nothing to serve; MPI_Finalize would wait for the host for ever.
+                        exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid "
+                                     f"{self.procs[0][1]}) died")
                 backoff.wait()
 
 

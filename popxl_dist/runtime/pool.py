@@ -4,7 +4,7 @@ the results back together."""
 from __future__ import annotations
 
 import itertools
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from .._ir.records import IrData
 from ..engine.comm import Layout
 from ..engine.compile import stream_slots
 from ..errors import WorkerDied
-from .base import Runtime, host_value, needed_replicas
+from .base import Runtime, host_value, needed_replicas, unwrap_printed
 
 __all__ = ["WorkerPool", "PoolRuntime"]
 
@@ -27,18 +27,45 @@ class WorkerPool:
     closed = False      # set when the pool shuts down; sessions closing later do nothing
     _sids = itertools.count(1)
     _runs = itertools.count(1)
+    _busy = 0           # calls in progress (a Session collected during one closes after it)
+    _closing: List[int] = []
 
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
         raise NotImplementedError
 
+    def session_call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
+        """`call`, after closing the Sessions collected while another call was running."""
+        if self._closing and not self._busy:
+            self._close_pending()
+        self._busy += 1
+        try:
+            return self.call(sid, cmd, payloads)
+        finally:
+            self._busy -= 1
+
     def new_session(self, ir: IrData, layout: Layout) -> int:
         sid = next(self._sids)
-        self.call(sid, "open", [(ir, layout)] * self.size)
+        self.session_call(sid, "open", [(ir, layout)] * self.size)
         return sid
 
     def close_session(self, sid: int) -> None:
-        if not self.closed:
-            self.call(sid, "close", [None] * self.size)
+        """Free a Session on the workers. Called by the garbage collector, which may run in the
+        middle of another call: the close then waits for the next call (a nested call would
+        take that call's replies)."""
+        if self.closed:
+            return
+        if self._busy:
+            self._closing = self._closing + [sid]
+            return
+        self.call(sid, "close", [None] * self.size)
+
+    def _close_pending(self) -> None:
+        pending, self._closing = self._closing, []
+        for sid in pending:
+            try:
+                self.close_session(sid)
+            except Exception:  # noqa: BLE001 - as PoolRuntime.close: nothing left to free
+                pass
 
 
 class PoolRuntime(Runtime):
@@ -56,7 +83,7 @@ class PoolRuntime(Runtime):
 
     def _call(self, cmd: str, payloads: Sequence[Any]) -> List[Any]:
         try:
-            return self.pool.call(self.sid, cmd, payloads)
+            return self.pool.session_call(self.sid, cmd, payloads)
         except WorkerDied as e:
             held = []
             for w in getattr(e, "workers", ()):
@@ -74,13 +101,14 @@ class PoolRuntime(Runtime):
             ins = [a[:, lo:hi] for a in inputs]
             specs = [((o.shape[0], hi - lo) + o.shape[2:], o.dtype) for o in outputs]
             payloads.append((ins, specs))
-        results = self._call("run", payloads)
+        results = [unwrap_printed(r) for r in self._call("run", payloads)]
         for (lo, hi), res in zip(self.layout.blocks, results):
             for o, r in zip(outputs, res):
                 o[:, lo:hi] = r
 
     def run_fragment(self, which: str) -> None:
-        self._call("run_fragment", [which] * self.num_workers)
+        for reply in self._call("run_fragment", [which] * self.num_workers):
+            unwrap_printed(reply)
 
     def read_variables(self, tids: Sequence[str]) -> Dict[str, np.ndarray]:
         wanted = {t: needed_replicas(self.ir, t) for t in tids}
@@ -98,6 +126,15 @@ class PoolRuntime(Runtime):
 
     def memory_report(self) -> List[Dict[str, int]]:
         return self._call("memory", [None] * self.num_workers)
+
+    def blocks(self) -> List[Tuple[int, int]]:
+        return list(self.layout.blocks)
+
+    def shares_workers_with(self, other: Runtime) -> bool:
+        return isinstance(other, PoolRuntime) and other.pool is self.pool
+
+    def copy_to(self, other: Runtime, plans: Sequence[list]) -> None:
+        self._call("copy_to", [(other.sid, plan) for plan in plans])
 
     def close(self) -> None:
         if not self._closed:

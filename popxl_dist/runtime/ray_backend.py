@@ -18,13 +18,12 @@ and a killed driver leave no actors, no Ray processes it started, and no shared-
 from __future__ import annotations
 
 import atexit
-import ctypes
+import contextlib
 import logging
 import os
 import secrets
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, List, Optional, Sequence
 
@@ -33,6 +32,7 @@ from .endpoint import (ERROR, Endpoint, EndpointTransport, decode, describe, enc
                        serve)
 from .env import collective_timeout, ray_address, ray_transport
 from .links import ABORT, BYE, CMD, FIN
+from .liveness import Watchdog
 from .mesh import MeshMember
 from .pipes import shm_supported, unlink_segments
 from .polling import Backoff, process_start_time, process_stopped
@@ -111,66 +111,6 @@ class _ActorWorker:
                          {_STATS: lambda _: _stats(ep, transport, self.node)})
         finally:
             ep.close()
-
-
-# --- the driver's watchdog ----------------------------------------------------------------------
-_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-
-
-class _WorkerGone(WorkerDied):
-    """Raised in the driver's thread by the watchdog (subclassed with the message)."""
-
-    message = "a worker died"
-    workers: List[int] = []
-
-    def __init__(self, *args):
-        super().__init__(*(args or (self.message,)))
-
-
-class _Watchdog:
-    """While the driver computes its own replicas in a pool call (and so does not poll), checks
-    every `period` seconds that the workers live; if one died, raises WorkerDied in the calling
-    thread, asynchronously (between two bytecodes)."""
-
-    def __init__(self, pool: "RayPool", period: float = 0.5):
-        self.pool = pool
-        self.period = period
-        self._lock = threading.Lock()
-        self._tid: Optional[int] = None        # the thread to interrupt, while armed
-        self._raised = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="popxl-ray-watchdog",
-                                        daemon=True)
-        self._thread.start()
-
-    def begin(self) -> None:
-        self._raised = False
-        self._tid = threading.get_ident()      # (no wake-up: the watchdog polls)
-
-    def end(self) -> None:
-        with self._lock:
-            if self._raised:        # raised after the call ended, or not yet: withdraw it
-                _set_async_exc(ctypes.c_ulong(self._tid), None)
-            self._tid = None
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period):
-            if self._tid is None or self._raised:
-                continue
-            try:
-                dead = self.pool.dead_workers()
-            except Exception:  # noqa: BLE001 - e.g. Ray shutting down: check again later
-                continue
-            with self._lock:
-                if dead and self._tid is not None and not self._stop.is_set():
-                    err = self.pool.died(dead)
-                    gone = type("WorkerDied", (_WorkerGone,),
-                                {"message": str(err), "workers": dead})
-                    self._raised = True
-                    _set_async_exc(ctypes.c_ulong(self._tid), ctypes.py_object(gone))
 
 
 # --- Ray and the reaper: started once per process ------------------------------------------------
@@ -278,7 +218,8 @@ class RayPool(WorkerPool):
         self.pids: List[int] = [os.getpid()]
         self.node = ""
         self._special = {_STATS: lambda _: _stats(self.endpoint, self.transport, self.node)}
-        self._watch: Optional[_Watchdog] = None
+        self._watch: Optional[Watchdog] = None
+        self._computing = False              # the driver computes its replicas (no polling)
         if size > 1:
             self._start()
 
@@ -317,7 +258,7 @@ class RayPool(WorkerPool):
             raise
         self.pids = [t["pid"] for t in table]
         self._serve_refs = [a.serve.remote() for a in self.actors]
-        self._watch = _Watchdog(self)
+        self._watch = Watchdog(self._watch_check, period=0.5, name="popxl-ray-watchdog")
         _RAY.watch(self.job)
 
     # --- liveness ------------------------------------------------------------------------------
@@ -330,6 +271,13 @@ class RayPool(WorkerPool):
             ended, _ = ray.wait(self._serve_refs, num_returns=len(self._serve_refs), timeout=0)
             dead.update(self._serve_refs.index(r) + 1 for r in ended)
         return sorted(dead)
+
+    def _watch_check(self) -> Optional[WorkerDied]:
+        """The watchdog's check: while the driver computes, a dead worker's error."""
+        if not self._computing:
+            return None
+        dead = self.dead_workers()
+        return self.died(dead) if dead else None
 
     def died(self, dead: Sequence[int]) -> WorkerDied:
         """Mark the pool unusable; the error that names the dead workers."""
@@ -358,14 +306,13 @@ class RayPool(WorkerPool):
             if not ep.flush_all(workers):
                 raise self.died(self.dead_workers() or list(workers))
             special = self._special.get(cmd)
-            if self._watch is not None:
-                self._watch.begin()         # the driver does not poll while it computes
+            self._computing = True          # the driver does not poll while it computes
             try:
-                own = (special(payloads[0]) if special is not None
-                       else self.service.handle(cmd, sid, run_id, payloads[0]))
+                with self._watch.armed() if self._watch else contextlib.nullcontext():
+                    own = (special(payloads[0]) if special is not None
+                           else self.service.handle(cmd, sid, run_id, payloads[0]))
             finally:
-                if self._watch is not None:
-                    self._watch.end()
+                self._computing = False
             self._wait_replies(run_id, workers, deadline)
         except BaseException as e:
             self._abort(run_id, workers, e)
@@ -456,9 +403,14 @@ class RayPool(WorkerPool):
         return all(procs[w][0] == host and process_stopped(procs[w][1]) for w in workers)
 
     def close_session(self, sid: int) -> None:
-        if not self.closed and not self.broken:
-            self.call(sid, "close", [None] * self.size,
-                      deadline=time.monotonic() + _CLOSE_GRACE)
+        """As `WorkerPool.close_session` (deferred while a call runs), bounded by
+        _CLOSE_GRACE: a stuck worker cannot hold the Session's exit."""
+        if self.closed or self.broken:
+            return
+        if self._busy:
+            self._closing = self._closing + [sid]
+            return
+        self.call(sid, "close", [None] * self.size, deadline=time.monotonic() + _CLOSE_GRACE)
 
     def transport_stats(self) -> List[dict]:
         """Per worker: its node, pid, the kind of each of its links, and the collective bytes

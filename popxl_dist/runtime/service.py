@@ -10,6 +10,7 @@ import numpy as np
 from ..engine.comm import Layout, Transport
 from ..engine.comm import Communicator
 from ..engine.executor import Worker
+from .base import Printed
 
 __all__ = ["WorkerService"]
 
@@ -42,10 +43,10 @@ class WorkerService:
             inputs, out_specs = payload
             outputs = [np.empty(shape, dtype) for shape, dtype in out_specs]
             worker.run(inputs, outputs)
-            return outputs
+            return self._with_prints(worker, outputs)
         if cmd == "run_fragment":
             worker.run_fragment(payload)
-            return None
+            return self._with_prints(worker, None)
         if cmd == "read":
             return worker.read_replicas(payload)
         if cmd == "write":
@@ -53,7 +54,23 @@ class WorkerService:
             return None
         if cmd == "memory":
             return worker.memory_report()
+        if cmd == "copy_to":
+            dst_sid, plan = payload
+            if plan:
+                dst = self.sessions.get(dst_sid)
+                if dst is None:
+                    raise RuntimeError(f"worker {self.index}: copy_to: session {dst_sid} holds "
+                                       f"no replicas on this worker")
+                worker.copy_to(dst, plan)
+            return None
         raise ValueError(f"worker {self.index}: unknown command {cmd!r}")
+
+    @staticmethod
+    def _with_prints(worker: Worker, result: Any) -> Any:
+        """`result`, wrapped with the run's print_tensor lines when there are any (the host
+        prints them)."""
+        lines = worker.take_prints()
+        return Printed(result, lines) if lines else result
 
     def open(self, sid: int, ir, layout: Layout) -> None:
         """Compile the session's program for this worker's replicas (none if the layout has

@@ -6,10 +6,10 @@ reductions, exchange) without starting a process.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, List, Optional, Sequence
 
-from ..errors import RunAborted
+from ..errors import CollectiveTimeout, RunAborted, WorkerError
 from .env import collective_timeout
 from .mailbox import Mailbox, MailboxTransport
 from .pool import WorkerPool
@@ -17,9 +17,12 @@ from .service import WorkerService
 
 __all__ = ["ThreadPool", "thread_pool"]
 
+_STUCK_GRACE = 0.25    # seconds a released worker thread gets to return after a timeout
+
 
 class ThreadPool(WorkerPool):
     name = "local"
+    broken: Optional[str] = None     # set when the pool is retired
 
     def __init__(self, size: int):
         self.size = size
@@ -40,6 +43,8 @@ class ThreadPool(WorkerPool):
             service.sessions.pop(sid, None)
 
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
+        if self.broken:
+            raise WorkerError(f"the local worker-thread pool is unusable: {self.broken}")
         run_id = next(self._runs)
         if len(payloads) == 1:
             return [self.services[0].handle(cmd, sid, run_id, payloads[0])]
@@ -66,13 +71,29 @@ class ThreadPool(WorkerPool):
         except BaseException as e:  # noqa: BLE001 - re-raised below after the others stop
             settle(0, e)
             failures.append(e)
-        wait(futures)
+        self._wait(futures, failures)
         # (Read the futures themselves: their callbacks may still be running.)
-        failures += [f.exception() for f in futures if f.exception() is not None]
+        failures += [f.exception() for f in futures if f.done() and f.exception() is not None]
         if failures:
             real = [e for e in failures if not isinstance(e, RunAborted)]
             raise (real or failures)[0]
         return [first] + [f.result() for f in futures]
+
+    def _wait(self, futures, failures: List[BaseException]) -> None:
+        """Wait for every worker thread, except after a collective timed out: a thread that
+        is still busy then (the silent one) is not waited for; this pool is retired (new
+        Sessions get a new one) and the timeout is raised at once."""
+        seen, pending = list(failures), set(futures)
+        while pending:
+            if any(isinstance(e, CollectiveTimeout) for e in seen):
+                _, pending = wait(pending, timeout=_STUCK_GRACE)
+                if pending:
+                    self.broken = "a worker thread was still busy after a collective timed out"
+                    if _POOLS.get(self.size) is self:
+                        del _POOLS[self.size]
+                return
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            seen += [f.exception() for f in done if f.exception() is not None]
 
 
 _POOLS: dict = {}

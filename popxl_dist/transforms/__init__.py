@@ -1,6 +1,7 @@
 """`popxl.transforms`: autodiff and the exchange-merging contexts."""
 from .autodiff import ExpectedConnection, ExpectedConnectionType, GradGraphInfo, autodiff
-from .exchange import decompose_sum, io_tile_exchange, merge_exchange
+from .decompose_sum import decompose_sum
+from .merge_exchange import io_tile_exchange, merge_exchange
 
 __all__ = ["autodiff", "GradGraphInfo", "ExpectedConnection", "ExpectedConnectionType",
            "merge_exchange", "io_tile_exchange", "decompose_sum"]

@@ -12,7 +12,11 @@ from __future__ import annotations
 import enum
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+import popart._internal._types as _pb
+
 from .._ir.records import GraphData, Op, TensorInfo, TensorKind
+from .._pb_shim import op_view
+from ..errors import popart_exception
 from ..engine.kernels import load_all as load_kernels
 from ..engine.kernels.registry import KERNELS
 from ..graph import Graph
@@ -27,6 +31,13 @@ class ExpectedConnectionType(enum.Enum):
     Fwd = "Fwd"
     FwdGrad = "FwdGrad"
 
+    @classmethod
+    def _from_pb(cls, type_: _pb.ExpectedConnectionType) -> "ExpectedConnectionType":
+        return cls[type_.name]
+
+    def _to_pb(self) -> _pb.ExpectedConnectionType:
+        return _pb.ExpectedConnectionType[self.name]
+
 
 class ExpectedConnection:
     """One input or output of a gradient graph: a forward tensor, or the gradient of one."""
@@ -34,6 +45,17 @@ class ExpectedConnection:
     def __init__(self, fwd_tensor: Tensor, connection_type: ExpectedConnectionType):
         self.fwd_tensor = fwd_tensor
         self.connection_type = connection_type
+
+    @classmethod
+    def _from_pb(cls, fwd_graph, pb_ec: _pb.ExpectedConnection) -> "ExpectedConnection":
+        """From a `popart._internal.ir.ExpectedConnection` of forward graph `fwd_graph` (a
+        popxl.Graph or its `_pb_graph`)."""
+        graph = _as_graph(fwd_graph)
+        return cls(graph.get_tensor(pb_ec.fwdId), ExpectedConnectionType._from_pb(pb_ec.type))
+
+    @property
+    def _pb_ec(self) -> _pb.ExpectedConnection:
+        return _pb.ExpectedConnection(self.fwd_tensor.id, self.connection_type._to_pb())
 
     def __repr__(self) -> str:
         return f"({self.connection_type}, {self.fwd_tensor!r})"
@@ -45,10 +67,26 @@ class GradGraphInfo:
     def __init__(self, graph: Graph, forward_graph: Graph,
                  expected_inputs: Sequence[ExpectedConnection],
                  expected_outputs: Sequence[ExpectedConnection]):
+        self._ir = graph.ir
         self._graph = graph
         self._forward_graph = forward_graph
         self._expected_inputs = tuple(expected_inputs)
         self._expected_outputs = tuple(expected_outputs)
+
+    @classmethod
+    def _from_pb(cls, ir, fwd_graph, _pb_bwd_info: _pb.BwdGraphInfo) -> "GradGraphInfo":
+        """From a `popart._internal.ir.BwdGraphInfo` (as popxl_addons' create_grad_graph_info
+        builds it); `ir` and `fwd_graph` may be popxl objects or their `_pb_*` views."""
+        fwd = _as_graph(fwd_graph)
+        bwd = fwd.ir._graph(str(_pb_bwd_info.bwdGraphId))
+        return cls(bwd, fwd,
+                   [ExpectedConnection._from_pb(fwd, e) for e in _pb_bwd_info.expectedInputs],
+                   [ExpectedConnection._from_pb(fwd, e) for e in _pb_bwd_info.expectedOutputs])
+
+    @property
+    def _pb_bwd_info(self) -> _pb.BwdGraphInfo:
+        return _pb.BwdGraphInfo(self._graph.id, [e._pb_ec for e in self._expected_inputs],
+                                [e._pb_ec for e in self._expected_outputs])
 
     graph = property(lambda self: self._graph)
     forward_graph = property(lambda self: self._forward_graph)
@@ -91,6 +129,11 @@ class GradGraphInfo:
         outs = ", ".join(map(repr, self._expected_outputs))
         return (f"GradGraphInfo[\n  graph={self._graph.id}\n  expected_inputs=[{ins}]\n"
                 f"  expected_outputs=[{outs}]\n]")
+
+
+def _as_graph(g) -> Graph:
+    """A popxl.Graph from itself or its `_pb_graph` view."""
+    return g if isinstance(g, Graph) else g._graph
 
 
 def _modifying(op: Op) -> bool:
@@ -195,9 +238,10 @@ class _GradBuilder:
         fwd, gd = self.fwd_graph, self.fwd_gd
         for op in gd.ops:
             if _modifying(op):
-                raise RuntimeError(
-                    f"The graph {gd.id} contains a modifying op: {op.describe()}. Autodiff cannot "
-                    f"be used on graphs with inplace modifying ops.")
+                raise popart_exception(
+                    f"The graph {gd.id} contains a modifying op: "
+                    f"{op_view(fwd, op).debugName()}. Autodiff cannot be used on graphs with "
+                    f"inplace modifying ops. (The op is {op.describe()}.)")
         ir = fwd.ir
         name = f"{gd.id}_bwd"
         n = 0
@@ -214,16 +258,27 @@ class _GradBuilder:
             if any(t in needed for t in op.inputs):
                 needed.update(op.outputs)
         self.needed = needed
-        grads: Dict[str, Tensor] = {}
-        from .. import ops
+        # Every gradient contribution of a tensor; several are summed by one `Sum` op when the
+        # gradient is first read (as upstream; `popxl.transforms.decompose_sum` splits it).
+        partials: Dict[str, List[Tensor]] = {}
+        from ..ops._grad_sum import grad_sum
 
         def add_grad(tid: str, g: Tensor) -> None:
             info = gd.tensors[tid]
             if g.shape != info.shape:
                 raise RuntimeError(f"autodiff: gradient of '{tid}' has shape {g.shape}, expected "
                                    f"{info.shape}")
-            prev = grads.get(tid)
-            grads[tid] = g if prev is None else ops.add(prev, g)
+            partials.setdefault(tid, []).append(g)
+
+        def grad_of(tid: str) -> Optional[Tensor]:
+            parts = partials.get(tid)
+            if not parts:
+                return None
+            if len(parts) > 1:
+                partials[tid] = parts = [grad_sum(parts)]
+            return parts[0]
+
+        from .. import ops
 
         with bwd:
             provided_inputs = []
@@ -233,7 +288,7 @@ class _GradBuilder:
                 provided_inputs.append(gi)
                 add_grad(t.id, gi)
             for op in reversed(gd.ops):
-                dys = [grads.get(o) for o in op.outputs]
+                dys = [grad_of(o) for o in op.outputs]
                 if all(d is None for d in dys):
                     continue
                 if not any(t in needed for t in op.inputs):
@@ -241,8 +296,8 @@ class _GradBuilder:
                 if op.type in NO_GRAD:
                     continue
                 if op.type in THROWS:
-                    raise RuntimeError(f"autodiff: op {op.describe()} has no gradient and cannot "
-                                       f"be differentiated through")
+                    raise popart_exception(f"autodiff: op {op.describe()} has no gradient and cannot "
+                                           f"be differentiated through")
                 rule = GRAD_RULES.get(op.type)
                 if rule is None:
                     what = ("a gradient op whose own gradient (second order) is not "
@@ -259,10 +314,10 @@ class _GradBuilder:
             out_connections = []
             used_outputs: Set[str] = set()
             for t in self.required:
-                g = grads.get(t.id)
+                g = grad_of(t.id)
                 if g is None:
                     if self.strict:
-                        raise RuntimeError(f"[Autodiff] Unable to provide required gradient "
+                        raise popart_exception(f"[Autodiff] Unable to provide required gradient "
                                            f"output for fwd id '{t.id}'")
                     continue
                 want = f"{name}/Gradient___{t.name}"
@@ -296,9 +351,9 @@ class _GradBuilder:
                 if gd.id not in op.called:
                     continue
                 if op.type != "Call":
-                    raise RuntimeError(f"autodiff: graph '{gd.id}' needs a new output for its "
-                                       f"gradient but is called by {op.describe()}, which cannot "
-                                       f"gain outputs")
+                    raise popart_exception(f"autodiff: graph '{gd.id}' needs a new output for its "
+                                           f"gradient but is called by {op.describe()}, which cannot "
+                                           f"gain outputs")
                 new = ir._data.unique_tensor_id(pgd, f"{pgd.id + '/' if pgd.id else ''}autodiff_output")
                 pgd.tensors[new] = TensorInfo(new, info.shape, info.dtype, TensorKind.INTERMEDIATE,
                                               info.meta_shape)
@@ -324,7 +379,7 @@ class _AutodiffSession:
         if info is None:
             g = self.ir._graph(gid)
             if g._data.no_recursive_autodiff:
-                raise RuntimeError(
+                raise popart_exception(
                     f"autodiff: graph '{gid}' has been marked as unsafe to autodiff. Please "
                     f"provide a gradient graph via `called_graphs_grad_info` in PopXL")
             provided = [t for t in g.outputs if t.dtype.is_floating_point]

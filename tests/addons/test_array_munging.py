@@ -14,7 +14,7 @@ def test_shard_unshard_repeat():
     assert addons.repeat(x, 2).shape == (2, 4, 6) and addons.repeat_axis(x, 2, 0).shape == (8, 6)
     s2 = addons.shard2D(x, 2, 3, 0, 1)
     assert s2.shape == (6, 2, 2) and (addons.unshard2D(s2, 2, 3, 0, 1) == x).all()
-    rs = addons.repeat_shard(x, 2, 2, axis=0, repeat_type="strided")
+    rs = addons.repeat_shard(x, 2, 2, shard_axis=0, sharded_tensor="strided")
     assert (rs[0] == rs[2]).all() and rs.shape == (4, 2, 6)
     assert addons.pad_axis(x, 6, 0).shape == (6, 6)
     assert addons.squeeze_safe(np.zeros((1, 3, 1)), [0, 1]).shape == (3, 1)

@@ -61,8 +61,8 @@ def test_graph_cache_and_function_decorator():
         y = double(x)
         z = double(y)
         st = addons.host_store(z)
-        calls = [op for op in ir3.main_graph._pb_graph.getOps() if op.type == "Call"]
-        assert len(calls) == 2 and calls[0].called == calls[1].called
+        calls = [op for op in ir3.main_graph._pb_graph.getOps() if op.opType() == "Call"]
+        assert len(calls) == 2 and calls[0].getCalledGraph() == calls[1].getCalledGraph()
     with popxl.Session(ir3, "ipu_hw") as s:
         np.testing.assert_allclose(s.run()[st], 4 * np.arange(3))
 

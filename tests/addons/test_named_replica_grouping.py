@@ -85,8 +85,9 @@ def test_fill_none_group_and_named_groupings():
     ir = popxl.Ir(replication=4)
     with ir.main_graph:
         tp = ir.replica_grouping(group_size=2)
-        assert fill_none_group(tp) is tp
+        assert fill_none_group(tp, None) is tp
         assert fill_none_group(None, tp) is tp
-        assert fill_none_group(None).group_size == 4
+        with pytest.raises(TypeError):
+            fill_none_group(None)                   # `none_value` is required, as upstream
         named = NamedReplicaGrouping.build_groups(["a.w", "b"], tp)
         assert named.a.w is tp and named.b is tp

@@ -54,7 +54,7 @@ def run_under(backend: str, workers: int, tmp_path: Path, *args: str,
 
 def _op_types(program) -> Counter:
     ir = program.session.ir
-    return Counter(op.type for g in ir._pb_ir.getAllGraphs() for op in g.getOps())
+    return Counter(op.opType() for g in ir._pb_ir.getAllGraphs() for op in g.getOps())
 
 
 def _state(program) -> dict[str, np.ndarray]:

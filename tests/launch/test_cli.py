@@ -40,8 +40,8 @@ def test_uncaught_exception_prints_traceback_and_returns_1(tmp_path, capsys):
 def test_bad_targets(tmp_path, capsys):
     assert main([str(tmp_path / "missing.py")]) == 2
     assert "no such script" in capsys.readouterr().err
-    assert main(["configs/mnist.yaml"]) == 2
-    assert "not implemented" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.yaml")]) == 2
+    assert "no such config file" in capsys.readouterr().err
     assert main(["--workers", "0", write(tmp_path, "pass\n")]) == 2
 
 

@@ -22,7 +22,8 @@ def test_tensor_from_another_graph_must_be_passed_in():
         def fn(x):
             return x @ w
 
-        with pytest.raises(ValueError, match=r"matmul: the input tensor 'w' is not in the current Graph '.*fn_subgraph\(0\)'"):
+        with pytest.raises(ValueError, match=r"The input tensor `w` is not in the current Graph "
+                                             r"'.*fn_subgraph\(0\)' \(matmul\)"):
             ir.create_graph(fn, popxl.TensorSpec((2, 2), popxl.float32))
 
 

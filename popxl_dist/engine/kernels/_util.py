@@ -10,6 +10,130 @@ from ...dtypes import storage_numpy
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 
+# --- fast float16 conversions ----------------------------------------------------------------
+# NumPy's float->float16 cast flags an underflow for every inexact result in float16's subnormal
+# range (|x| < 2**-14), which makes casting small values (gradients, optimiser moments) ~20x
+# slower than casting others, and its float16->float32 cast normalises subnormals one bit at a
+# time. `to_f16` / `from_f16` give the same bits (NaN payloads included) without those paths:
+# float32 -> float16 with integer arithmetic, float16 -> float32 by table lookup.
+_F16_TO_F32 = np.arange(2 ** 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+_U32 = np.uint32
+
+
+def from_f16(h: np.ndarray) -> np.ndarray:
+    """A float16 array as float32 (bit for bit `h.astype(float32)`), by table lookup."""
+    return np.take(_F16_TO_F32, np.asarray(h).view(np.uint16))
+
+
+_CHUNK = 65536        # elements converted at a time: the ~20 passes then run in cache
+
+
+def _f32_to_f16(x: np.ndarray) -> np.ndarray:
+    """float32 -> float16, round half to even, as IEEE and NumPy do."""
+    u = np.ascontiguousarray(x).view(_U32).reshape(-1)
+    out = np.empty(u.size, np.uint16)
+    for i in range(0, u.size, _CHUNK):
+        _f32_bits_to_f16(u[i:i + _CHUNK], out[i:i + _CHUNK])
+    return out.view(np.float16).reshape(np.shape(x))
+
+
+def _f32_bits_to_f16(u: np.ndarray, out: np.ndarray) -> None:
+    a = u & _U32(0x7FFFFFFF)                     # |x| bits
+    h = (a >> _U32(13)) & _U32(1)                # normal range: round the 23-bit mantissa to
+    h += a                                       # 10 bits (half to even) and rebias the
+    h += _U32(0xFFF)                             # exponent 127 -> 15 (wraps below 2**-14,
+    h >>= _U32(13)                               # where the subnormal formula below applies)
+    h -= _U32(112 << 10)
+    big = a >= _U32(0x477FF000)                  # rounds to inf, or is inf / NaN (rare)
+    any_big = big.any()
+    sub = a < _U32(0x38800000)                   # |x| < 2**-14: float16 subnormal or zero
+    if sub.any():
+        # |x| + 0.5 rounds |x| to a multiple of 2**-24 (half to even); its mantissa bits are
+        # then the float16 subnormal bits. Select by arithmetic (np.where is slower).
+        if any_big:                              # (signalling NaNs would warn here)
+            with np.errstate(invalid="ignore"):
+                s = (a.view(np.float32) + np.float32(0.5)).view(_U32)
+        else:
+            s = (a.view(np.float32) + np.float32(0.5)).view(_U32)
+        s -= _U32(0x3F000000)
+        s -= h
+        s *= sub
+        h += s
+    if any_big:
+        nan = (_U32(0x7C00) + ((a & _U32(0x7FFFFF)) >> _U32(13))).astype(_U32)
+        nan[nan == 0x7C00] = 0x7C01              # keep a NaN a NaN (NumPy's payload rule)
+        h = np.where(big, np.where(a > _U32(0x7F800000), nan, _U32(0x7C00)), h)
+    sign = u >> _U32(16)
+    sign &= _U32(0x8000)
+    h |= sign
+    out[...] = h
+
+
+def round_f16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to float16's (bit for bit `x.astype(float16).astype(float32)`),
+    computed in float32 without the two conversions."""
+    u = np.ascontiguousarray(x, np.float32).view(_U32).reshape(-1)
+    out = np.empty(u.size, _U32)
+    for i in range(0, u.size, _CHUNK):
+        _round_bits_f16(u[i:i + _CHUNK], out[i:i + _CHUNK])
+    return out.view(np.float32).reshape(np.shape(x))
+
+
+def _round_bits_f16(u: np.ndarray, out: np.ndarray) -> None:
+    a = u & _U32(0x7FFFFFFF)
+    if (a >= _U32(0x477FF000)).any():            # rounds to inf, or is inf / NaN (rare)
+        out[...] = from_f16(to_f16(u.view(np.float32))).view(_U32)
+        return
+    r = (a >> _U32(13)) & _U32(1)                # keep 10 mantissa bits, half to even
+    r += a
+    r += _U32(0xFFF)
+    r &= _U32(0xFFFFE000)
+    sub = a < _U32(0x38800000)                   # |x| < 2**-14: onto the 2**-24 grid
+    if sub.any():
+        s = a.view(np.float32) + np.float32(0.5)
+        s -= np.float32(0.5)
+        d = s.view(_U32) - r
+        d *= sub
+        r += d
+    r |= u & _U32(0x80000000)
+    out[...] = r
+
+
+def to_f16(x: np.ndarray) -> np.ndarray:
+    """A float array rounded to float16 (bit for bit `x.astype(float16)`)."""
+    x = np.asarray(x)
+    if x.dtype == np.float32:
+        return _f32_to_f16(x)
+    if x.dtype == np.float64:
+        small = np.abs(x) < 2.0 ** -14
+        if small.any():        # round to the subnormal grid (2**-24) first: the cast is exact
+            c = np.copysign(2.0 ** 28, x)
+            with np.errstate(invalid="ignore"):
+                x = np.where(small, np.copysign((x + c) - c, x), x)
+    return x.astype(np.float16)
+
+
+def blocks(n: int, chunked: bool = True):
+    """`(lo, hi)` ranges covering n elements: `_CHUNK`-sized when `chunked` (float16 kernels
+    run their conversions and arithmetic block by block, in cache), else one range."""
+    if not chunked:
+        return ((0, n),)
+    return ((i, min(i + _CHUNK, n)) for i in range(0, n, _CHUNK))
+
+
+def flat(a: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C-contiguous array (writes reach `a`)."""
+    return a.reshape(-1)
+
+
+def cast(x: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """`x.astype(dt)` (a new array), through the fast paths for float16."""
+    if dt == F16 and x.dtype != F16 and x.dtype.kind == "f":
+        return to_f16(x)
+    if x.dtype == F16 and dt == F32:
+        return from_f16(x)
+    return x.astype(dt)
+
 
 def np_dtype(info) -> np.dtype:
     """The NumPy dtype of a tensor's arrays (uint8 codes for float8)."""
@@ -23,8 +147,8 @@ def via_f32(fn: Callable, out_dtype: np.dtype) -> Callable:
         return fn
 
     def wrapped(*arrays):
-        res = fn(*[a.astype(F32) if a.dtype == F16 else a for a in arrays])
-        return res.astype(F16)
+        res = fn(*[from_f16(a) if a.dtype == F16 else a for a in arrays])
+        return to_f16(res)
 
     return wrapped
 

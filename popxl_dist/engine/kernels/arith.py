@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, np_dtype, scalar, via_f32
+from ._util import (F16, F32, blocks, cast, flat, from_f16, np_dtype, scalar, to_f16,
+                    via_f32)
 from .registry import kernel
 
 
@@ -34,7 +35,7 @@ def _inplace(ufunc):
     def factory(attrs, ins, outs):
         if np_dtype(ins[0]) == F16:
             def run16(a, b):
-                a[...] = ufunc(a.astype(F32), b.astype(F32))
+                a[...] = to_f16(ufunc(from_f16(a), cast(b, F32)))
                 return a
             return run16
 
@@ -50,8 +51,14 @@ kernel("AddLhsInplace", modifies=(0,))(_inplace(np.add))
 
 @kernel("AddRhsInplace", modifies=(1,))
 def _add_rhs_inplace(attrs, ins, outs):
+    if np_dtype(ins[1]) == F16:
+        def run16(a, b):
+            b[...] = to_f16(np.add(cast(a, F32), from_f16(b)))
+            return b
+        return run16
+
     def run(a, b):
-        b[...] = np.add(a, b, dtype=np.float32 if b.dtype == F16 else None)
+        np.add(a, b, out=b)
         return b
     return run
 
@@ -88,9 +95,15 @@ def _scaled_add(attrs, ins, outs):
 
     def run(x, y, *extra):
         a, b = coeffs(extra)
-        r = np.multiply(x, calc.type(a), dtype=calc) + np.multiply(y, calc.type(b), dtype=calc)
-        return r.astype(out, copy=False)
+        r = _in(x, calc) * calc.type(a)
+        r += _in(y, calc) * calc.type(b)
+        return r if out == calc else cast(r, out)
     return run
+
+
+def _in(x: np.ndarray, calc: np.dtype) -> np.ndarray:
+    """`x` in the compute dtype (a float16 operand converted quickly; others as they are)."""
+    return from_f16(x) if x.dtype == F16 and calc == F32 else x
 
 
 @kernel("ScaledAddLhsInplace", modifies=(0,))
@@ -103,16 +116,24 @@ def _scaled_add_inplace(attrs, ins, outs):
             def run_fast(x, y):
                 if y.dtype == out:
                     x += b * y
+                elif y.dtype == F16 and x.flags.c_contiguous:
+                    xf, yf = flat(x), flat(y)
+                    for lo, hi in blocks(xf.size):     # float16 y: convert in cache
+                        yc = from_f16(yf[lo:hi])
+                        yc *= b
+                        xf[lo:hi] += yc
                 else:
-                    x += np.multiply(y, b, dtype=calc)
+                    yc = _in(y, calc)
+                    yc *= b
+                    x += yc
                 return x
             return run_fast
 
     def run(x, y, *extra):
         a, b = coeffs(extra)
-        r = np.multiply(x, calc.type(a), dtype=calc)
-        r += np.multiply(y, calc.type(b), dtype=calc)
-        x[...] = r
+        r = _in(x, calc) * calc.type(a)
+        r += _in(y, calc) * calc.type(b)
+        x[...] = r if out == calc else cast(r, out)
         return x
     return run
 
@@ -138,7 +159,7 @@ def _cast(attrs, ins, outs):
             with np.errstate(invalid="ignore"):
                 return np.trunc(x).astype(dt)
         return float_to_int
-    return lambda x: x.astype(dt)
+    return lambda x: cast(x, dt)
 
 
 kernel("Detach", view=True)(passthrough)

@@ -1,8 +1,6 @@
 """Kernels: PrintTensor, IpuCopy, IoTileCopy (identities) and RemoteCodeLoad (a no-op)."""
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from .arith import passthrough
@@ -33,17 +31,17 @@ def format_tensor(a: np.ndarray, fmt: dict) -> str:
     return s
 
 
-@kernel("PrintTensor")
-def _print_tensor(attrs, ins, outs):
+@kernel("PrintTensor", context=True)
+def _print_tensor(attrs, ins, outs, env):
+    """Records `<title>: <values>` for the host to print (to stderr, after the run: where
+    Poplar's PrintTensor stream goes), whichever process runs the replica."""
     if not attrs.get("print_self", True):
-        return lambda x: x.copy()
+        return lambda ctx, x: x.copy()
     title = attrs["title"]
     fmt = attrs.get("fmt", {})
 
-    def run(x):
-        out = sys.stdout               # looked up at run time (redirection, pytest capture)
-        out.write(f"{title}: {format_tensor(x, fmt)}\n")
-        out.flush()
+    def run(ctx, x):
+        ctx.prints.append(f"{title}: {format_tensor(x, fmt)}\n")
         return x.copy()
     return run
 

@@ -14,7 +14,7 @@ def _entry_fn(buffer_id: int):
         if not 0 <= i < store.shape[0]:
             raise IndexError(f"entry {i} is outside remote buffer {buffer_id}'s "
                              f"{store.shape[0]} entries")
-        return store[i]
+        return store[i, ...]          # a view, also for scalar entries
     return entry
 
 

@@ -82,6 +82,13 @@ kernel("ConcatInplace")(_concat_factory)
 
 
 # --- gather ------------------------------------------------------------------------------
+def _in_range(idx: np.ndarray, dim: int, zero_oor: bool) -> np.ndarray:
+    """Which indices select a row: [0, dim) with zero_OOR, else [-dim, dim) (NumPy's negative
+    indices). The others are out of range: upstream returns undefined data for them (zeros with
+    zero_OOR); the emulator returns zeros in both cases and never raises."""
+    return (idx >= (0 if zero_oor else -dim)) & (idx < dim)
+
+
 def _gather_factory(attrs, ins, outs):
     axis = int(attrs["axis"])
     groups = int(attrs.get("group_size", 1))
@@ -89,9 +96,9 @@ def _gather_factory(attrs, ins, outs):
     dim = ins[0].shape[axis]
 
     def take(x, idx, ax):
-        if not zero_oor:
+        ok = _in_range(idx, dim, zero_oor)
+        if ok.all():
             return np.take(x, idx.astype(np.intp, copy=False), axis=ax)
-        ok = (idx >= 0) & (idx < dim)
         r = np.take(x, np.where(ok, idx, 0).astype(np.intp), axis=ax)
         mask = ok.reshape((1,) * ax + ok.shape + (1,) * (x.ndim - ax - 1))
         return np.where(mask, r, np.zeros((), r.dtype))
@@ -117,8 +124,8 @@ def _gather_grad(attrs, ins, outs):
 
     def add_into(dx, dy, idx, ax):
         idx = idx.astype(np.intp, copy=False)
-        if zero_oor:
-            ok = (idx >= 0) & (idx < dim)
+        ok = _in_range(idx, dim, zero_oor)
+        if not ok.all():                       # out-of-range rows got no data: no gradient
             mask = ok.reshape((1,) * ax + ok.shape + (1,) * (dx.ndim - ax - 1))
             dy = np.where(mask, dy, 0)
             idx = np.where(ok, idx, 0)

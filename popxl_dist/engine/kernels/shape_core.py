@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, np_dtype
+from ._util import F16, F32, from_f16, np_dtype, to_f16
 from .registry import kernel
 
 
@@ -45,5 +45,6 @@ def _reduce_sum(attrs, ins, outs):
     keep = bool(attrs.get("keepdims", False))
     out = np_dtype(outs[0])
     if out == F16:
-        return lambda x: np.sum(x, axis=axes, keepdims=keep, dtype=F32).astype(F16)
+        return lambda x: to_f16(np.sum(from_f16(x) if x.dtype == F16 else x, axis=axes,
+                                       keepdims=keep, dtype=F32))
     return lambda x: np.asarray(np.sum(x, axis=axes, keepdims=keep), dtype=out)

@@ -4,18 +4,22 @@ updaters, which return a new array and increment their step input (the last inpu
 
 Numerics (mixed precision as on the IPU): `X` is rounded into `t`'s dtype first; the scalar
 coefficients are computed in float32 (the optimizer value's type); the update is computed in
-float32 for float16 accumulators and rounded once into `t`.
+float32 for float16 accumulators and rounded once into `t`. Integer accumulators: a plain add is
+exact integer arithmetic; scaled updates are computed in float64 and truncated toward zero.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, np_dtype, scalar
+from ._util import F16, F32, blocks, cast, flat, np_dtype, round_f16, scalar
 from .registry import kernel
 
 __all__: list = []   # registrations only
 
 _MOVING = ("moving_average", "moving_average_square")
+
+
+F64 = np.dtype(np.float64)
 
 
 def _calc_dtypes(t_dt: np.dtype):
@@ -24,6 +28,8 @@ def _calc_dtypes(t_dt: np.dtype):
         return F32, F32
     if t_dt == F32:
         return F32, F32
+    if t_dt.kind in "iu":
+        return F64, F64        # exact for 32-bit integers; stored back with truncation
     return t_dt, t_dt
 
 
@@ -42,6 +48,15 @@ def _accumulate_coeffs(mode: str, f, cdt):
     raise ValueError(f"Accumulate: unknown mode {mode!r}")
 
 
+def _rounder(x_dt: np.dtype, t_dt: np.dtype, calc: np.dtype):
+    """X as a new `calc` array, rounded into `t`'s dtype first."""
+    if t_dt == F16 and x_dt == F32 and calc == F32:
+        return round_f16                         # one pass instead of two conversions
+    if x_dt == t_dt:
+        return lambda x: cast(x, calc)
+    return lambda x: cast(cast(x, t_dt), calc)
+
+
 @kernel("Accumulate", modifies=(0,))
 def _accumulate_kernel(attrs, ins, outs):
     mode = attrs["mode"]
@@ -52,7 +67,7 @@ def _accumulate_kernel(attrs, ins, outs):
     const = None if f_tensor else _accumulate_coeffs(mode, attrs.get("f"), cdt)
     x_dt = np_dtype(ins[1])
 
-    if mode == "add" and calc == t_dt:
+    if mode == "add" and (calc == t_dt or t_dt.kind in "iu"):
         if x_dt == t_dt:
             def add_same(t, x):
                 np.add(t, x, out=t)
@@ -64,21 +79,32 @@ def _accumulate_kernel(attrs, ins, outs):
             return t
         return add_mixed
 
-    def run(t, x, *extra):
-        a, b = const if const is not None else _accumulate_coeffs(
-            mode, scalar(extra[0], cdt), cdt)
-        xv = (x if x_dt == t_dt else x.astype(t_dt)).astype(calc)   # round X into t's dtype
+    x_to_calc = _rounder(x_dt, t_dt, calc)
+
+    def update(tv, x, a, b):
+        """The new value of `tv` (in calc) from `x` (any dtype)."""
+        xv = x_to_calc(x)
         if square:
             xv *= xv
         if b != 1:
             xv *= b
-        tv = t if calc == t_dt else t.astype(calc)
         if a is None:
-            r = tv + xv
-        else:
-            r = tv * a
-            r += xv
-        t[...] = r
+            xv += tv
+            return xv
+        r = tv * a
+        r += xv
+        return r
+
+    def run(t, x, *extra):
+        a, b = const if const is not None else _accumulate_coeffs(
+            mode, scalar(extra[0], cdt), cdt)
+        if t_dt == F16 and t.flags.c_contiguous:
+            tf, xf = flat(t), flat(x)
+            for lo, hi in blocks(tf.size):
+                tf[lo:hi] = cast(update(cast(tf[lo:hi], calc), xf[lo:hi], a, b), F16)
+            return t
+        r = update(t if calc == t_dt else cast(t, calc), x, a, b)
+        t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
     return run
 
@@ -100,7 +126,9 @@ def _accumulator_scale_kernel(attrs, ins, outs):
         if calc == t_dt:
             t *= s
         else:
-            t[...] = t.astype(calc) * s
+            r = cast(t, calc)
+            r *= s
+            t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
     return run
 
@@ -119,13 +147,13 @@ def _sparse_accumulate_kernel(attrs, ins, outs):
     def run(t, x, indices, *extra):
         f = scalar(extra[0], cdt) if f_tensor else f_const
         idx = indices.reshape(-1).astype(np.int64, copy=False)
-        xv = x.astype(t_dt, copy=False).astype(calc).reshape(x2)
+        xv = cast(x if x.dtype == t_dt else cast(x, t_dt), calc).reshape(x2)
         if f != 1:
             xv *= f
-        tv = t if calc == t_dt else t.astype(calc)
+        tv = t if calc == t_dt else cast(t, calc)
         np.add.at(np.moveaxis(tv, axis, 0), idx, np.moveaxis(xv, axis, 0))
         if tv is not t:
-            t[...] = tv
+            t[...] = cast(tv, t_dt) if t_dt == F16 else tv
         return t
     return run
 
@@ -156,29 +184,38 @@ def _updater_factory(attrs, ins, outs):
     one = calc.type(1)
     i_m = 1 if has_w else 0
 
+    chunked = F16 in (out_dt, *(np_dtype(i) for i in ins))
+
     def run(*args):
-        m = args[i_m].astype(calc)
-        v = args[i_m + 1].astype(calc)
+        dm = dv = None
         if has_step:
             step = args[-1]
             step += 1                             # in place, before use (upstream)
             ts = calc.type(step.reshape(())[()])
             if bias:
-                m /= one - np.power(b1, ts)
+                dm = one - np.power(b1, ts)
                 if mode != "adamax":
-                    v /= one - np.power(b2, ts)
-        if mode == "adamax":
+                    dv = one - np.power(b2, ts)
+        wd = (scalar(args[i_m + 2], calc) if wd_tensor else wd_const) if has_w else 0
+        m_all, v_all = flat(args[i_m]), flat(args[i_m + 1])
+        w_all = flat(args[0]) if has_w and wd != 0 else None
+        out = np.empty(args[i_m].shape, out_dt)
+        out_f = flat(out)
+        for lo, hi in blocks(out_f.size, chunked):
+            m = cast(m_all[lo:hi], calc)
+            v = cast(v_all[lo:hi], calc)
+            if dm is not None:
+                m /= dm
+            if dv is not None:
+                v /= dv
+            if mode != "adamax":
+                np.sqrt(v, out=v)
             v += eps
             x = m / v
-        else:
-            np.sqrt(v, out=v)
-            v += eps
-            x = m / v
-        if has_w:
-            wd = scalar(args[i_m + 2], calc) if wd_tensor else wd_const
-            if wd != 0:
-                x += wd * args[0].astype(calc)
-        return x.astype(out_dt, copy=False)
+            if w_all is not None:
+                x += wd * cast(w_all[lo:hi], calc)
+            out_f[lo:hi] = x if out_dt == calc else cast(x, out_dt)
+        return out
     return run
 
 
@@ -216,6 +253,7 @@ def _adam_var_update_kernel(attrs, ins, outs):
         if calc == t_dt and x.dtype == t_dt:
             t -= scale * x
         else:
-            t[...] = t.astype(calc) - scale * x.astype(calc)
+            r = cast(t, calc) - scale * cast(x, calc)
+            t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
     return run

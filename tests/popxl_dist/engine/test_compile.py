@@ -142,3 +142,20 @@ def test_compiled_code_has_no_name_lookups():
     sess = popxl.Session(ir, "cpu")
     src = sess._runtime.worker.program.main.source
     assert "def run(ctx)" in src and "'" not in src and "[\"" not in src
+
+
+def test_scalar_results_stay_arrays_for_in_place_ops():
+    """NumPy returns scalars for 0-d results; an in-place op on such a result must still work
+    (e.g. a layer counter `c = init + 3; c += 1`)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        c = ops.init((), popxl.int32, "c", "zero") + 3
+        c += 1
+        f = ops.exp(popxl.constant(0.0, popxl.float32))
+        f += 1.0
+        s, t = popxl.d2h_stream((), popxl.int32, "s"), popxl.d2h_stream((), popxl.float32, "t")
+        ops.host_store(s, c)
+        ops.host_store(t, f)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        out = sess.run()
+    assert int(out[s]) == 4 and float(out[t]) == 2.0

@@ -13,8 +13,8 @@ def test_print_tensor_prints_at_run_time_and_passes_through(capsys):
     x = np.array([[1.5, -2.0], [0.25, 4.0]], np.float32)
     y, = run_ops(lambda t: ops.print_tensor(t, "my title") * 2.0, x)
     np.testing.assert_array_equal(y, 2 * x)
-    out = capsys.readouterr().out
-    assert out == f"my title: {np.array2string(x)}\n"
+    captured = capsys.readouterr()
+    assert captured.err == f"my title: {np.array2string(x)}\n" and captured.out == ""
 
 
 def test_print_tensor_options_and_default_title(capsys):
@@ -28,7 +28,7 @@ def test_print_tensor_options_and_default_title(capsys):
     with popxl.Session(ir, "ipu_hw") as s:
         capsys.readouterr()
         s.run()
-    assert capsys.readouterr().out == "vals: {0.00, 1.00, 2.00}\n"
+    assert capsys.readouterr().err == "print_vals: {0.00, 1.00, 2.00}\n"
 
 
 @pytest.mark.parametrize("print_gradient", [False, True])
@@ -38,8 +38,35 @@ def test_print_tensor_gradient(capsys, print_gradient):
     _, (dx,) = grads(lambda t: ops.print_tensor(t, "x", print_self=False,
                                                 print_gradient=print_gradient) * 3.0, [x], [dy])
     np.testing.assert_array_equal(dx, 3 * dy)
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert out == (f"x_gradient: {np.array2string(3 * dy)}\n" if print_gradient else "")
+
+
+def test_print_tensor_is_a_side_effect_kept_through_autodiff(capfd):
+    """Printed (to fd 2) even when its output is unused; after autodiff the forward prints
+    still run and only a print whose output is on the gradient path prints the gradient."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        def fn(x):
+            used = ops.print_tensor(x, "used", print_gradient=True)
+            ops.print_tensor(x * 2.0, "unused", print_gradient=True)
+            return used * 3.0
+
+        g = ir.create_graph(fn, popxl.TensorSpec((2,), popxl.float32))
+        bwd = popxl.transforms.autodiff(g)
+        x = popxl.variable(np.array([1.0, 2.0], np.float32), name="x")
+        info = ops.call_with_info(g, x)
+        dx, = ops.call(bwd.graph, popxl.constant(np.ones(2, np.float32)),
+                       inputs_dict=bwd.inputs_dict(info))
+        s = popxl.d2h_stream(dx.shape, dx.dtype)
+        ops.host_store(s, dx)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        capfd.readouterr()
+        res = sess.run()
+    np.testing.assert_array_equal(res[s], [3.0, 3.0])
+    captured = capfd.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("used: [1. 2.]\nunused: [2. 4.]\nused_gradient: [3. 3.]\n")
 
 
 def test_ipu_copy_is_identity_named_and_placed():
@@ -82,14 +109,16 @@ def test_remote_code_load_is_a_no_op_and_checks_args():
         x = popxl.variable(np.zeros(2), popxl.float32, "x")
         y, = ops.call(g, x)
         with pytest.raises(NotImplementedError, match="destination"):
+            ops.remote_code_load(g, "io_buffer")
+        with pytest.raises(ValueError, match="destination must be one of"):
             ops.remote_code_load(g, "buffer")
         with pytest.raises(TypeError, match="popxl.Graph"):
-            ops.remote_code_load("g")
+            ops.remote_code_load("g", "executable")
     with g:
         with pytest.raises(ValueError, match="inside itself"):
-            ops.remote_code_load(g)
+            ops.remote_code_load(g, "executable")
     with pytest.raises(NotImplementedError):
-        misc.code_copy(g)
+        misc.code_copy(g, "executable", "io_buffer")
     assert "code_copy" not in ops.__all__
     with popxl.Session(ir, "ipu_hw") as s:
         s.run()

@@ -175,15 +175,15 @@ CASES = [
          lambda d, i, v: _scatter_reduce_ref(d, i, "none", 3, 0, v),
          [RNG.normal(size=(2, 2)).astype(np.float32), np.array([2, 0], I32),
           RNG.normal(size=(3, 2)).astype(np.float32)]),
-    Case("dynamic_slice", lambda t, i: ops.dynamic_slice(t, i, [0, 2], [2, 3]),
+    Case("dynamic_slice", lambda t, i: ops.dynamic_slice(t, i, [0, 2], [2, 3], False),
          lambda t, i: t[_dyn_slice_ref(t, i, [0, 2], [2, 3])],
          [X, np.array([1, 1], U32)]),
-    Case("dynamic_slice_clamped", lambda t, i: ops.dynamic_slice(t, i, [1], [3]),
+    Case("dynamic_slice_clamped", lambda t, i: ops.dynamic_slice(t, i, [1], [3], False),
          lambda t, i: t[_dyn_slice_ref(t, i, [1], [3])], [X, np.array([3], U32)]),
-    Case("dynamic_update", lambda t, i, u: ops.dynamic_update(t, i, u, [1], [2]),
+    Case("dynamic_update", lambda t, i, u: ops.dynamic_update(t, i, u, [1], [2], False),
          lambda t, i, u: _dyn_update_ref(t, i, u, [1], [2]),
          [X, np.array([2], U32), RNG.normal(size=(3, 2, 5)).astype(np.float32)]),
-    Case("dynamic_update_", lambda t, i, u: ops.dynamic_update_(t, i, u, [0, 1], [1, 2]),
+    Case("dynamic_update_", lambda t, i, u: ops.dynamic_update_(t, i, u, [0, 1], [1, 2], False),
          lambda t, i, u: _dyn_update_ref(t, i, u, [0, 1], [1, 2]),
          [X, np.array([2, 0], U32), RNG.normal(size=(1, 2, 5)).astype(np.float32)], False),
     Case("onehot_last", lambda i, v: ops.onehot(i, _const(np.int32(4)), v, -1),
@@ -263,7 +263,7 @@ OP_TYPES = [
     (lambda t: ops.concat_([t, t]), ["ConcatInplace"], "concat_inplace_out"),
     (lambda t: ops.gather(t, _const(np.int32(1))), ["Gather"], "gather_out"),
     (lambda t: ops.tied_gather(t, _const(np.int32(1))), ["TiedGather"], "tied_gather_out"),
-    (lambda t: ops.dynamic_update_(t, _const(np.uint32([0])), t, [0], [2]),
+    (lambda t: ops.dynamic_update_(t, _const(np.uint32([0])), t, [0], [2], False),
      ["DynamicUpdateInplace"], "dynamic_update_inplace_out"),
 ]
 
@@ -279,7 +279,7 @@ def test_dynamic_update_inplace_writes_into_variable():
     with ir.main_graph:
         v = popxl.variable(np.zeros((3, 2), np.float32), name="v")
         upd = popxl.constant(np.ones((1, 2), np.float32))
-        ops.dynamic_update_(v, popxl.constant(np.uint32([1])), upd, [0], [1])
+        ops.dynamic_update_(v, popxl.constant(np.uint32([1])), upd, [0], [1], False)
     with popxl.Session(ir, "ipu_hw") as sess:
         sess.run()
         got = sess.get_tensor_data(v)
@@ -290,7 +290,7 @@ def test_dynamic_update_inplace_is_refused_by_autodiff():
     ir = popxl.Ir()
     with ir.main_graph:
         def fn(t, i, u):
-            return ops.dynamic_update_(t, i, u, [0], [1])
+            return ops.dynamic_update_(t, i, u, [0], [1], False)
         g = ir.create_graph(fn, popxl.TensorSpec((3, 2), popxl.float32),
                             popxl.TensorSpec((1,), popxl.uint32),
                             popxl.TensorSpec((1, 2), popxl.float32))
@@ -326,11 +326,11 @@ ERRORS = [
      "reduction must be"),
     (lambda t: ops.scatter_reduce(t, _const(np.int32([0, 1, 0])), "sum", axis_size=2),
      ValueError, "scatter_reduce: 'indices' .* must have the shape of 'data'"),
-    (lambda t: ops.dynamic_slice(t, _const(np.uint32([0, 0])), [0], [1]), ValueError,
+    (lambda t: ops.dynamic_slice(t, _const(np.uint32([0, 0])), [0], [1], False), ValueError,
      r"dynamic_slice: 'index' .* must have shape \(1,\)"),
-    (lambda t: ops.dynamic_slice(t, _const(np.uint32([0])), [1], [4]), ValueError,
+    (lambda t: ops.dynamic_slice(t, _const(np.uint32([0])), [1], [4], False), ValueError,
      r"size 4 for axis 1 .* must be in \[1, 3\]"),
-    (lambda t: ops.dynamic_update(t, _const(np.uint32([0])), t, [1], [1]), ValueError,
+    (lambda t: ops.dynamic_update(t, _const(np.uint32([0])), t, [1], [1], False), ValueError,
      "expected the window shape"),
     (lambda t: ops.onehot(_const(np.int32([0])), ops.cast(t, popxl.int32),
                           _const(np.float32([0, 1])), 0), ValueError,
@@ -359,7 +359,7 @@ def test_slice_view_semantics_under_inplace_write(inplace):
         v = popxl.variable(np.zeros((4, 2), np.float32), name="v")
         part = (ops.slice_ if inplace else ops.slice)(v, 1, 3)
         ops.dynamic_update_(part, popxl.constant(np.uint32([1])),
-                            popxl.constant(np.ones((1, 2), np.float32)), [0], [1])
+                            popxl.constant(np.ones((1, 2), np.float32)), [0], [1], False)
     with popxl.Session(ir, "ipu_hw") as sess:
         sess.run()
         got = sess.get_tensor_data(v)
@@ -373,3 +373,38 @@ def test_diag_uses_slice_and_subsample():
     x = RNG.normal(size=(3, 3)).astype(np.float32)
     out, = run_ops(lambda t: t.diag(), x)
     np.testing.assert_array_equal(out, np.diag(x))
+
+
+# --- out-of-range gather indices ----------------------------------------------------------
+def _ref_gather_oor(x, idx, axis, zero_oor):
+    dim = x.shape[axis]
+    ok = (idx >= (0 if zero_oor else -dim)) & (idx < dim)
+    taken = np.take(x, np.where(ok, idx, 0), axis)
+    mask = ok.reshape((1,) * axis + ok.shape + (1,) * (x.ndim - axis - 1))
+    return np.where(mask, taken, 0).astype(x.dtype)
+
+
+@pytest.mark.parametrize("op", ["gather", "tied_gather"])
+@pytest.mark.parametrize("zero_oor", [False, True])
+def test_gather_out_of_range_gives_zeros_not_an_error(op, zero_oor):
+    """Upstream: undefined values (zeros with zero_OOR); here zeros, never a NumPy IndexError.
+    Negative indices in [-dim, 0) count from the end unless zero_OOR."""
+    idx = np.array([[0, 9], [-2, -7]], I32)
+    fn = getattr(ops, op)
+    out, = run_ops(lambda t, i: fn(t, i, 1, zero_OOR=zero_oor), X, idx)
+    np.testing.assert_array_equal(out, _ref_gather_oor(X, idx, 1, zero_oor))
+    assert (out[:, 0, 1] == 0).all() and (out[:, 1, 1] == 0).all()     # 9 and -7: out of range
+
+
+def test_grouped_gather_out_of_range_and_gradient_drops_it():
+    idx = np.array([[0, 4], [5, 1], [2, -9]], I32)
+    out, = run_ops(lambda t, i: ops.groupedgather(t, i, 1, group_size=3), X, idx)
+    ref = np.stack([_ref_gather_oor(X[g], idx[g], 0, False) for g in range(3)])
+    np.testing.assert_array_equal(out, ref)
+    x = X[0]
+    gidx = np.array([1, 7, 1, -1], I32)                  # 7 is out of range
+    dy = RNG.normal(size=(4, 5)).astype(np.float32)
+    _, (dx,) = grads(lambda t, i: ops.gather(t, i), [x, gidx], [dy])
+    want = np.zeros_like(x, dtype=np.float64)
+    np.add.at(want, gidx[[0, 2, 3]], dy[[0, 2, 3]])
+    np.testing.assert_allclose(dx, want, rtol=1e-6)

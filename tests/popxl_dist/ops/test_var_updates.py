@@ -233,3 +233,66 @@ def test_builder_errors(build, err, match):
         i = popxl.variable(np.zeros((4,)), popxl.int32, "i")
         with pytest.raises(err, match=match):
             build(t, X, i)
+
+
+# --- integer accumulators (upstream accepts them: e.g. accumulate_(int32, int32 variable)) ----
+def _int_ref(t, X, fn, f):
+    """Exact integer add for plain accumulate; scaled updates in float64, truncated to t."""
+    r = fn(t.astype(np.float64), X.astype(t.dtype).astype(np.float64), f)
+    return np.trunc(r).astype(t.dtype)
+
+
+@pytest.mark.parametrize("t_dt", [np.int32, np.uint32, np.int8])
+@pytest.mark.parametrize("name,build,ref,f,tensor_f", ACC_CASES)
+def test_accumulate_integer_accumulators(name, build, ref, f, tensor_f, t_dt):
+    rng = np.random.default_rng(3)
+    lo = 0 if np.dtype(t_dt).kind == "u" else -20
+    t = rng.integers(lo, 20, size=(3, 4)).astype(t_dt)
+    X = rng.integers(lo, 20, size=(3, 4)).astype(t_dt)
+    if tensor_f:
+        out, = run_ops(lambda a, b, c: build(a, b, c), t, X, np.array(f, F32))
+    else:
+        out, = run_ops(lambda a, b: build(a, b, f), t, X)
+    assert out.dtype == t_dt
+    if f is None:
+        np.testing.assert_array_equal(out, t + X)
+    else:
+        # a constant f is used as given (float64); a tensor f carries its float32 value
+        fv = np.float64(np.float32(f)) if tensor_f else np.float64(f)
+        np.testing.assert_array_equal(out, _int_ref(t, X, ref, fv))
+
+
+def test_integer_add_wraps_like_int32_and_mixed_dtypes_round_into_t():
+    big = np.array([2 ** 31 - 1, -5], np.int32)
+    out, = run_ops(lambda a, b: vu.accumulate_(a, b), big, np.array([1, 2], np.int32))
+    np.testing.assert_array_equal(out, np.array([-2 ** 31, -3], np.int32))
+    t = np.array([1, 2, 3], np.int32)
+    out, = run_ops(lambda a, b: vu.accumulate_(a, b), t, np.array([0.9, -1.7, 2.5], F32))
+    np.testing.assert_array_equal(out, t + np.array([0, -1, 2], np.int32))   # X -> int32 first
+
+
+@pytest.mark.parametrize("f,want", [(0.5, [0, 1, -1, 3]), (0.0, [0, 0, 0, 0]),
+                                    (2.0, [2, 4, -6, 14])])
+def test_accumulator_scale_and_zero_on_int(f, want):
+    t = np.array([1, 2, -3, 7], np.int32)
+    out, = run_ops(lambda a: vu.accumulator_scale_(a, f), t)
+    np.testing.assert_array_equal(out, np.array(want, np.int32))
+    out, = run_ops(lambda a: vu.accumulator_zero_(a), t)
+    np.testing.assert_array_equal(out, np.zeros(4, np.int32))
+
+
+def test_sparse_accumulate_and_copy_var_update_on_int():
+    t = np.zeros((4, 2), np.int32)
+    X = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
+    idx = np.array([0, 3, 0], np.int32)
+    out, = run_ops(lambda a, b, i: vu.sparse_accumulate_(a, b, i), t, X, idx)
+    want = t.copy()
+    np.add.at(want, idx, X)
+    np.testing.assert_array_equal(out, want)
+    out, = run_ops(lambda a, b: vu.copy_var_update_(a, b), t, X[:2].repeat(2, 0))
+    np.testing.assert_array_equal(out, X[:2].repeat(2, 0))
+
+
+def test_bool_accumulator_is_refused():
+    with pytest.raises(TypeError, match="accumulate_: 't' .* must have a numeric"):
+        run_ops(lambda a, b: vu.accumulate_(a, b), np.array([True]), np.array([True]))

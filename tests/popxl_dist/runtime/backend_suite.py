@@ -1,5 +1,6 @@
-"""One process start per backend: the collective, tensor-parallel, remote-buffer and float8
-cases, failure scenarios and a short data-parallel MNIST run, all in one host script.
+"""One process start per backend: the collective, tensor-parallel, remote-buffer, float8 and
+upstream-semantics and Session cases, failure scenarios and a short data-parallel MNIST run, all in
+one host script.
 
     popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--gpt-losses PATH]
               [--failures a,b] [--no-cases] [--transport-stats PATH]
@@ -21,6 +22,8 @@ import collective_cases  # noqa: E402
 import failure_cases  # noqa: E402
 import fp8_cases  # noqa: E402
 import remote_cases  # noqa: E402
+import surface_cases  # noqa: E402
+import session_cases  # noqa: E402
 import tp_cases  # noqa: E402
 
 
@@ -40,8 +43,10 @@ def main() -> int:
     if not ns.no_cases:
         failed += collective_cases.main() != 0
         failed += remote_cases.main() != 0
+        failed += surface_cases.main() != 0
         failed += tp_cases.main() != 0
         failed += fp8_cases.main() != 0
+        failed += session_cases.main() != 0
     if ns.dp_weights:
         import mnist_data_parallel
 

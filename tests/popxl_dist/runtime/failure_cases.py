@@ -2,18 +2,23 @@
 (or under `popxl-run --backend B --workers 2`).
 
 Scenarios (each prints `ok <scenario> <seconds>` or `FAIL <scenario>: <details>`):
-  error     replica 1 raises inside a kernel (gather out of range): the host gets an exception
-            naming replica 1 and the Gather op; a later run of a fresh session works.
+  error     replica 1 raises inside a kernel (a remote-buffer offset out of range): the host gets
+            an exception naming replica 1 and the RemoteStore op; a later run of a fresh
+            session works.
   diverge   a conditional runs an all-reduce on replica 0 only: the host gets an exception saying
             the replicas diverged, instead of a hang.
   crash     the process of worker 1 is killed during a session (mpi / ray only): the host gets
-            WorkerDied naming worker 1 within 10 s.
-  busy_crash  worker 1 is killed while every replica computes a long loop without collectives
-            (mpi / ray): WorkerDied naming worker 1 within 2 s, not at the next collective.
-  stop      worker 1 is stopped (SIGSTOP) inside a loop of all-reduces (mpi / ray; set
-            POPXL_COLLECTIVE_TIMEOUT low): the run raises CollectiveTimeout, and leaving the
-            session is bounded.
+            WorkerDied naming worker 1 within 10 s; the Session then refuses runs
+            (SessionFailed) and cannot be reset (WorkerDied).
   sleep     a long run (for Ctrl-C tests): prints `running` and runs a long program.
+  long      like sleep, with no collective for the whole loop; prints
+            `running host=PID workers=PID,... segments=PATH,...` (the MPI job's shared memory).
+  crash_long  worker 1 is killed (mpi / ray) while every replica computes a long loop with no
+            collective: WorkerDied naming worker 1 within 2 s of the kill.
+  stall     worker 1 is stopped (SIGSTOP, mpi / ray) before a collective: CollectiveTimeout
+            naming the op, the replicas and worker 1 at POPXL_COLLECTIVE_TIMEOUT (run with a
+            few seconds), not later.
+  (crash_long and stall also print `job segments=PATH,...`.)
 Exit status: number of failed scenarios.
 """
 from __future__ import annotations
@@ -28,17 +33,23 @@ import numpy as np
 
 import popxl
 import popxl.ops as ops
-from popxl.errors import EngineError, WorkerDied
+from popxl.errors import CollectiveTimeout, EngineError, SessionFailed, WorkerDied
 
 R = 2
 
 
-def _gather_program():
+def _offset_program():
+    """x is stored to and loaded back from entry `i` (streamed per replica) of a 4-entry remote
+    buffer, then all-reduced."""
     ir = popxl.Ir(replication=R)
     with ir.main_graph:
         xs = popxl.h2d_stream((3,), popxl.float32, "x")
         ix = popxl.h2d_stream((1,), popxl.int32, "i")
-        x = ops.gather(ops.host_load(xs, "x"), ops.host_load(ix, "i"))
+        buf = popxl.remote_buffer((3,), popxl.float32, 4)
+        offset = ops.host_load(ix, "i")
+        with popxl.in_sequence():
+            ops.remote_store(buf, offset, ops.host_load(xs, "x"))
+            x = ops.remote_load(buf, offset)
         y = ops.collectives.replicated_all_reduce(x, op="add")
         ys = popxl.d2h_stream(y.shape, popxl.float32, "y")
         ops.host_store(ys, y)
@@ -46,19 +57,19 @@ def _gather_program():
 
 
 def scenario_error() -> None:
-    ir, xs, ix, ys = _gather_program()
+    ir, xs, ix, ys = _offset_program()
     data = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
     with popxl.Session(ir, "ipu_hw") as sess:
         try:
             sess.run({xs: data, ix: np.array([[0], [7]], np.int32)})
         except EngineError as e:
             msg = str(e)
-            assert "replica 1" in msg and "Gather" in msg and "index 7" in msg, msg
+            assert "replica 1" in msg and "RemoteStore" in msg and "entry 7" in msg, msg
         else:
-            raise AssertionError("no exception for an out-of-range gather on replica 1")
+            raise AssertionError("no exception for an out-of-range offset on replica 1")
     with popxl.Session(ir, "ipu_hw") as sess:      # the pool still works
         out = sess.run({xs: data, ix: np.array([[1], [2]], np.int32)})[ys]
-    np.testing.assert_array_equal(out, np.full((2, 1), data[0, 1] + data[1, 2]))
+    np.testing.assert_array_equal(out, np.tile(data.sum(axis=0), (2, 1)))
 
 
 def scenario_diverge() -> None:
@@ -97,7 +108,7 @@ def _worker_pid(index: int) -> int:
 
 
 def scenario_crash() -> None:
-    ir, xs, ix, ys = _gather_program()
+    ir, xs, ix, ys = _offset_program()
     data = np.ones((2, 3), np.float32)
     idx = np.zeros((2, 1), np.int32)
     t0 = None
@@ -116,69 +127,15 @@ def scenario_crash() -> None:
         print(f"crash reported after {took:.2f} s: {e}", flush=True)
     else:
         raise AssertionError("killing worker 1 raised nothing")
-
-
-def _long_loop_program(iterations: int, all_reduce_inside: bool = False):
-    """A repeat of 256x256 matmuls (with an all-reduce in every iteration, or one after)."""
-    ir = popxl.Ir(replication=R)
-    with ir.main_graph:
-        w = popxl.variable(np.ones((256, 256), np.float32), name="w")
-
-        def body(t):
-            y = ops.matmul(t, t) * 1e-3
-            return ops.collectives.replicated_all_reduce(y) if all_reduce_inside else y
-
-        g = ir.create_graph(body, w)
-        y, = ops.repeat(g, iterations, w)
-        ops.collectives.replicated_all_reduce_(y)
-    return ir
-
-
-def _signal_later(pid: int, sig: int, delay: float) -> list:
-    """Send `sig` to `pid` after `delay` s from a thread; the list gets the send time."""
-    sent: list = []
-
-    def send():
-        time.sleep(delay)
-        os.kill(pid, sig)
-        sent.append(time.monotonic())
-
-    threading.Thread(target=send, daemon=True).start()
-    return sent
-
-
-def scenario_busy_crash() -> None:
-    ir = _long_loop_program(1000000)
-    sess = popxl.Session(ir, "ipu_hw")
-    try:
-        with sess:
-            killed = _signal_later(_worker_pid(1), signal.SIGKILL, 1.0)
-            sess.run()
-    except WorkerDied as e:
-        took = time.monotonic() - killed[0]
-        assert "worker 1" in str(e) and "replica 1" in str(e), str(e)
-        assert took < 2, f"the death was reported after {took:.1f} s"
-        print(f"busy_crash reported after {took:.2f} s: {e}", flush=True)
-    else:
-        raise AssertionError("killing worker 1 during a long loop raised nothing")
-
-
-def scenario_stop() -> None:
-    ir = _long_loop_program(1000000, all_reduce_inside=True)
-    timeout = float(os.environ.get("POPXL_COLLECTIVE_TIMEOUT", "60"))
-    t0 = time.monotonic()
-    try:
-        with popxl.Session(ir, "ipu_hw") as sess:
-            stopped = _signal_later(_worker_pid(1), signal.SIGSTOP, 1.0)
-            sess.run()
-    except EngineError as e:
-        took = time.monotonic() - stopped[0]
-        assert "timeout" in type(e).__name__.lower() or "POPXL_COLLECTIVE_TIMEOUT" in str(e) \
-            or "did not stop" in str(e), f"{type(e).__name__}: {e}"
-        print(f"stop reported after {took:.2f} s (timeout {timeout:g} s), session left after "
-              f"{time.monotonic() - t0:.2f} s: {type(e).__name__}: {e}", flush=True)
-    else:
-        raise AssertionError("stopping worker 1 raised nothing")
+    with sess:          # failed: runs raise naming the death; a reset cannot reach worker 1
+        for call, err in ((lambda: sess.run({xs: data, ix: idx}), SessionFailed),
+                          (sess.reset, WorkerDied)):
+            try:
+                call()
+            except err as e:
+                assert "worker" in str(e) and "died" in str(e), str(e)
+            else:
+                raise AssertionError(f"no {err.__name__} after the crash")
 
 
 def scenario_sleep() -> None:
@@ -188,8 +145,95 @@ def scenario_sleep() -> None:
         sess.run()
 
 
+def _long_loop_program(iterations: int):
+    """A repeat of small matmuls with no collective, then one all-reduce (all ones: a fixed
+    point of the loop)."""
+    ir = popxl.Ir(replication=R)
+    with ir.main_graph:
+        w = popxl.variable(np.ones((128, 128), np.float32), name="w")
+        g = ir.create_graph(lambda t: ops.matmul(t, t) * (1 / 128), w)
+        y, = ops.repeat(g, iterations, w)
+        ops.collectives.replicated_all_reduce_(y)
+    return ir
+
+
+def _job_segments() -> str:
+    if os.environ.get("POPXL_BACKEND") != "mpi":
+        return ""
+    from popxl.runtime.mpi_segments import mpich_segments
+
+    return ",".join(mpich_segments())
+
+
+def scenario_long() -> None:
+    ir = _long_loop_program(300_000)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        workers = ",".join(str(_worker_pid(i)) for i in range(1, R)) \
+            if os.environ.get("POPXL_BACKEND") in ("mpi", "ray") else ""
+        print(f"running host={os.getpid()} workers={workers} segments={_job_segments()}",
+              flush=True)
+        sess.run()
+
+
+def scenario_crash_long() -> None:
+    ir = _long_loop_program(300_000)
+    killed = []
+
+    def kill() -> None:
+        killed.append(time.monotonic())
+        os.kill(_worker_pid(1), signal.SIGKILL)
+
+    with popxl.Session(ir, "ipu_hw") as sess:
+        print(f"job segments={_job_segments()}", flush=True)
+        timer = threading.Timer(1.0, kill)
+        timer.start()
+        try:
+            sess.run()
+        except WorkerDied as e:
+            took = time.monotonic() - killed[0]
+            assert "worker 1" in str(e) or "[1]" in str(e), str(e)
+            assert took < 2, f"the death was reported {took:.2f} s after the kill"
+            print(f"crash_long reported {took:.2f} s after the kill: {e}", flush=True)
+        else:
+            raise AssertionError("killing worker 1 raised nothing")
+        finally:
+            timer.cancel()
+
+
+def scenario_stall() -> None:
+    ir = popxl.Ir(replication=R)
+    with ir.main_graph:
+        xs = popxl.h2d_stream((4,), popxl.float32, "x")
+        y = ops.collectives.replicated_all_reduce(ops.host_load(xs, "x"))
+        ys = popxl.d2h_stream(y.shape, popxl.float32, "y")
+        ops.host_store(ys, y)
+    from popxl.runtime.env import collective_timeout
+
+    timeout = collective_timeout()
+    data = np.ones((R, 4), np.float32)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        print(f"job segments={_job_segments()}", flush=True)
+        sess.run({xs: data})
+        os.kill(_worker_pid(1), signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            sess.run({xs: data})
+        except CollectiveTimeout as e:
+            took = time.monotonic() - t0
+            msg = str(e)
+            assert "ReplicatedAllReduce" in msg and "worker 1" in msg and "replica 1" in msg \
+                and "replica 0" in msg, msg
+            assert e.workers == (1,), e.workers
+            assert took < timeout + 1.5, f"CollectiveTimeout after {took:.2f} s ({timeout} s)"
+            print(f"stall: CollectiveTimeout after {took:.2f} s (timeout {timeout:g} s): {msg}",
+                  flush=True)
+        else:
+            raise AssertionError("a stopped worker raised nothing")
+
+
 SCENARIOS = {"error": scenario_error, "diverge": scenario_diverge, "crash": scenario_crash,
-             "busy_crash": scenario_busy_crash, "stop": scenario_stop, "sleep": scenario_sleep}
+             "sleep": scenario_sleep, "long": scenario_long, "crash_long": scenario_crash_long,
+             "stall": scenario_stall}
 
 
 def main(names) -> int:

@@ -1,4 +1,5 @@
-"""Enums and small value classes exported by popxl (tile sets, execution contexts, locations)."""
+"""Tensor locations and placement enums (`popxl.tensorlocation` upstream): tile sets, execution
+contexts, on/off-chip storage and replicated tensor sharding."""
 from __future__ import annotations
 
 import enum

@@ -1,4 +1,4 @@
-"""`merge_exchange`, `io_tile_exchange`, `decompose_sum`: numerically no-ops in the emulator."""
+"""`merge_exchange`, `io_tile_exchange`: numerically no-ops in the emulator."""
 from __future__ import annotations
 
 import contextlib
@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..context import in_sequence, io_tiles
 
-__all__ = ["merge_exchange", "io_tile_exchange", "decompose_sum"]
+__all__ = ["merge_exchange", "io_tile_exchange"]
 
 
 @contextlib.contextmanager
@@ -20,8 +20,3 @@ def io_tile_exchange(verify_overlap: bool = True) -> Iterator[None]:
     """`io_tiles()` + `merge_exchange()` + `in_sequence(False)`."""
     with io_tiles(), merge_exchange(), in_sequence(False):
         yield
-
-
-def decompose_sum(graph):
-    """Gradient sums are already chains of adds; returns `graph`."""
-    return graph

@@ -1,0 +1,200 @@
+"""The main job's loop: train, evaluate, checkpoint, report."""
+from __future__ import annotations
+
+import shlex
+import statistics
+import sys
+import time
+from typing import List, Optional, Tuple
+
+import numpy as np
+from tqdm import tqdm
+
+from .config import describe
+from .data import EpochLoader, load_data
+from .programs import IMAGE_SIZE, TestProgram, TrainProgram, build_test_program, \
+    build_train_program
+from .report import MetricsLog, plot_metrics, read_metrics, weights_digest
+
+__all__ = ["train_and_test", "evaluate"]
+
+
+def evaluate(train: TrainProgram, test: TestProgram, images: np.ndarray, labels: np.ndarray,
+             batch_size: int) -> Tuple[float, float]:
+    """(test accuracy in %, seconds the weight copy took): copy the trained weights into the
+    test session, then classify `images` in batches of `batch_size` (the last one padded)."""
+    mapping = {train.weights[k]: test.weights[k] for k in train.weights.keys_flat()}
+    t0 = time.perf_counter()
+    train.session.copy_weights_to(test.session, mapping)
+    copy_s = time.perf_counter() - t0
+    per_replica = batch_size // int(np.prod(test.lead, dtype=np.int64))
+    batch = np.zeros((batch_size, IMAGE_SIZE), np.float32)
+    correct = 0
+    for lo in range(0, len(images), batch_size):
+        chunk = images[lo:lo + batch_size]
+        batch[:len(chunk)] = chunk
+        batch[len(chunk):] = 0
+        x = batch.reshape(test.lead + (per_replica, IMAGE_SIZE))
+        out = test.session.run({test.images: x})[test.predictions]
+        correct += int(np.sum(out.reshape(-1)[:len(chunk)] == labels[lo:lo + len(chunk)]))
+    return 100.0 * correct / len(images), copy_s
+
+
+def _say(text: str) -> None:
+    tqdm.write(text, file=sys.stdout)
+    sys.stdout.flush()
+
+
+class _Run:
+    """One job's programs, data and bookkeeping."""
+
+    def __init__(self, job):
+        cfg, rd = job.cfg, job.run_dir
+        self.job, self.cfg, self.rd = job, cfg, rd
+        data = load_data(cfg)
+        self.resume_from = rd.latest_checkpoint() if rd.resume else None
+        if not rd.resume:
+            rd.create(cfg, job.source)
+        for line in describe(cfg):
+            _say(line)
+        self.train = build_train_program(cfg)
+        self.test = build_test_program(cfg, self.train.sharded_keys)
+        self.session = self.train.session
+        self.loader = EpochLoader(data.train_images, data.train_labels, cfg.train.global_batch,
+                                  self.train.lead, cfg.seed)
+        self.session.dataloader = self.loader
+        total = self.loader.steps_per_epoch * cfg.train.epochs
+        self.total = min(total, cfg.train.steps) if cfg.train.steps else total
+        n_test = min(cfg.test.limit or len(data.test_images), len(data.test_images))
+        self.test_x, self.test_y = data.test_images[:n_test], data.test_labels[:n_test]
+        self.metrics = MetricsLog(str(rd.metrics), self._rows_to_keep() if rd.resume else None)
+        self.step_times: List[float] = []
+        self.copy_times: List[float] = []
+        self.saved_at = self.resume_from[0] if self.resume_from else -1
+
+    def _rows_to_keep(self):
+        """Which metrics rows a resumed run keeps: those up to its checkpoint, except the
+        final evaluation of a finished run (it is evaluated again)."""
+        at = self.resume_from[0] if self.resume_from else 0
+
+        def keep(row) -> bool:
+            step = row.get("step", 0)
+            return step < at or (step == at and ("loss" in row or at < self.total))
+        return keep
+
+    def restore(self) -> int:
+        """Load the checkpoint to resume from (sessions attached); the step to continue at."""
+        if self.resume_from:
+            self.session.load_checkpoint(str(self.resume_from[1]), report_missing="error")
+            _say(f"Resumed {self.rd.path} at step {self.session.session_state['steps']} "
+                 f"(epoch {self.loader.epoch + 1}, batch {self.loader.position})")
+        elif self.rd.resume:
+            _say(f"Resumed {self.rd.path}: no checkpoint yet, starting from step 0")
+        return self.session.session_state["steps"]
+
+    def train_step(self) -> Tuple[int, float, float]:
+        """One optimiser step: (step number, mean loss, samples/s)."""
+        t0 = time.perf_counter()
+        x, y = next(self.loader)
+        inputs = self.session.inputs
+        out = self.session.run({inputs.images: x, inputs.labels: y})
+        dt = time.perf_counter() - t0
+        self.step_times.append(dt)
+        step = self.session.session_state["steps"]
+        loss = float(np.mean(out[self.session.outputs.loss]))
+        rate = self.cfg.train.global_batch / dt
+        self.metrics.write(step=step, epoch=self.loader.epoch + 1, loss=loss,
+                           samples_per_s=rate)
+        return step, loss, rate
+
+    def evaluate(self, step: int) -> float:
+        acc, copy_s = evaluate(self.train, self.test, self.test_x, self.test_y,
+                               self.cfg.test.batch_size)
+        self.copy_times.append(copy_s)
+        self.metrics.write(step=step, test_accuracy=acc, weight_copy_ms=copy_s * 1e3)
+        return acc
+
+    def checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.train.checkpoint_every
+        epoch_end = self.loader.position == self.loader.steps_per_epoch
+        return (every and step % every == 0) or (not every and epoch_end) or step == self.total
+
+    def checkpoint(self, step: int) -> None:
+        if self.saved_at != step:
+            self.session.save_checkpoint(str(self.rd.checkpoint(step)))
+            self.saved_at = step
+
+    def resume_command(self) -> str:
+        sets = "".join(f" --set {shlex.quote(s)}" for s in _sets(self.job.argv))
+        return f"popxl-run {self.job.source} --resume {self.rd.path}{sets}"
+
+    def timing(self, total_s: float) -> str:
+        parts = [f"Time: {total_s:.1f} s"]
+        if self.step_times:
+            parts.append(f"one training step: median "
+                         f"{statistics.median(self.step_times) * 1e3:.2f} ms over "
+                         f"{len(self.step_times)}")
+        if self.copy_times:
+            parts.append(f"train->test weight copy: median "
+                         f"{statistics.median(self.copy_times) * 1e3:.2f} ms per evaluation "
+                         f"over {len(self.copy_times)}")
+        return "; ".join(parts)
+
+
+def train_and_test(job) -> int:
+    """Run `job` (a `run.Job`); returns the exit status."""
+    t_start = time.perf_counter()
+    run = _Run(job)
+    eval_every, total = run.cfg.test.eval_every, run.total
+    step = 0
+    bar: Optional[tqdm] = None
+    try:
+        with run.session, run.test.session:
+            step = run.restore()
+            bar = tqdm(total=total, initial=step, desc="Training", unit="step", disable=None,
+                       dynamic_ncols=True, file=sys.stdout)
+            while step < total:
+                step, loss, rate = run.train_step()
+                bar.set_postfix_str(f"loss {loss:.4f}, {rate:,.0f} samples/s", refresh=False)
+                bar.update(1)
+                if eval_every and step % eval_every == 0 and step < total:
+                    _say(f"step {step}: test accuracy {run.evaluate(step):.2f}%")
+                if run.checkpoint_due(step):
+                    run.checkpoint(step)
+                if job.stop_at_step and step >= job.stop_at_step and step < total:
+                    run.checkpoint(step)
+                    bar.close()
+                    _say(f"Stopped at step {step} (--stop-at-step); continue with: "
+                         f"{run.resume_command()}")
+                    return 0
+            bar.close()
+            acc = run.evaluate(step)
+            named = run.session.get_tensors_data(run.train.weights.tensors)
+            digest = weights_digest({t.name: a for t, a in named.items()})
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        last = run.rd.latest_checkpoint()
+        where = f"the checkpoint of step {last[0]}" if last else "the start"
+        print(f"\nInterrupted at step {step}; continue from {where} with: "
+              f"{run.resume_command()}", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        run.metrics.close()
+    _say(f"Accuracy on test set: {acc:.2f}%")
+    _say(f"weights digest: {digest}")
+    _say(plot_metrics(read_metrics(str(run.rd.metrics)), str(run.rd.plot)))
+    _say(f"Run folder: {run.rd.path} (config.yaml, metrics.jsonl, checkpoints/)")
+    _say(run.timing(time.perf_counter() - t_start))
+    return 0
+
+
+def _sets(argv: List[str]) -> List[str]:
+    """The `--set` values of a command line."""
+    out = []
+    for i, a in enumerate(argv):
+        if a == "--set" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif a.startswith("--set="):
+            out.append(a[6:])
+    return out

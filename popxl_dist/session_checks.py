@@ -1,0 +1,119 @@
+"""The checks `Session` makes before anything runs, so bad arguments never reach the workers and
+no run returns a silently wrong answer: argument types, host-transfer counts, and values that a
+downcast to the stream's dtype would change (int64 wrapping, float64 overflowing to inf)."""
+from __future__ import annotations
+
+from collections import abc
+from typing import Any, Mapping
+
+import numpy as np
+
+from .engine.transfers import store_shortfalls
+from .errors import SessionFailed
+
+__all__ = ["as_stream_mapping", "checked_downcast", "check_output_array", "check_store_counts",
+           "read_only", "session_failed"]
+
+_INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.iinfo(np.uint32)}
+
+
+def as_stream_mapping(value: Any, what: str, kind: str) -> Mapping:
+    """`value` as a `{stream: array}` mapping (None is empty); a TypeError naming the call for
+    anything else (a list or a bare array is a common slip)."""
+    if type(value) is dict:
+        return value
+    if value is None:
+        return {}
+    if isinstance(value, abc.Mapping):
+        return value
+    example = "{x_stream: x_data}" if kind == "input" else "session.create_host_outputs()"
+    raise TypeError(f"{what}: `{'inputs' if kind == 'input' else 'outputs'}` must be a mapping "
+                    f"from {kind} streams to NumPy arrays (e.g. {example}), got "
+                    f"{type(value).__name__}")
+
+
+def checked_downcast(stream_id: str, arr: np.ndarray, want: np.dtype) -> np.ndarray:
+    """`arr` (int64, uint64 or float64) converted to the stream's 32-bit dtype `want`; a
+    ValueError naming the stream and the first value the conversion would change (an integer
+    that wraps, a finite float that overflows to inf)."""
+    limits = _INT_LIMITS.get(want)
+    if limits is not None:
+        if arr.size:
+            lo, hi = arr.min(), arr.max()
+            if lo < limits.min or hi > limits.max:
+                bad = lo if lo < limits.min else hi
+                _raise_changed(stream_id, arr, bad, want, "does not fit")
+        return arr.astype(want)
+    with np.errstate(over="ignore"):
+        out = arr.astype(want)
+    if not np.isfinite(out).all():
+        overflow = np.isinf(out) & np.isfinite(arr)
+        if overflow.any():
+            _raise_changed(stream_id, arr, arr[overflow].flat[0], want, "overflows")
+    return out
+
+
+def _raise_changed(stream_id: str, arr: np.ndarray, value, want: np.dtype, how: str) -> None:
+    index = tuple(int(i) for i in np.argwhere(arr == value)[0])
+    value = np.asarray(value).item()
+    raise ValueError(f"Session.run: input for stream '{stream_id}' has value {value!r} at index "
+                     f"{index} that {how} {want.name} (the stream's dtype; the {arr.dtype} data "
+                     f"would be downcast). Convert the data yourself if that is intended, or "
+                     f"give the stream a wider dtype.")
+
+
+def check_output_array(stream_id: str, arr: Any, want: np.dtype, dtype_name: str) -> None:
+    """An output of `run_with_outputs` must be a writable NumPy array of the stream's storage
+    dtype `want` (popxl dtype `dtype_name`)."""
+    if not isinstance(arr, np.ndarray) or arr.dtype != want:
+        got = f"{type(arr).__name__} of dtype {arr.dtype}" if isinstance(arr, np.ndarray) \
+            else type(arr).__name__
+        raise TypeError(f"Session.run_with_outputs: output for stream '{stream_id}' must be a "
+                        f"NumPy array of dtype {dtype_name} ({want}), got {got}")
+    if not arr.flags.writeable:
+        raise ValueError(f"Session.run_with_outputs: output array for stream '{stream_id}' is "
+                         f"read-only; pass a writable array (e.g. a copy)")
+
+
+def check_store_counts(ir_data, d2h) -> None:
+    """Refuse a program that stores a d2h stream fewer than `num_host_transfers` times in every
+    run: those transfers of its output would be uninitialised memory (upstream returns
+    `np.empty` garbage there)."""
+    certain, _ = store_shortfalls(ir_data, d2h)
+    if not certain:
+        return
+    n = ir_data.num_host_transfers
+    lines = []
+    for s, k in certain.items():
+        how = ("is never stored by a run (its host_store is in a graph the main graph does not "
+               "call)" if k == 0 else f"is stored at most {k} time(s) per run")
+        lines.append(f"device-to-host stream '{s}' {how}")
+    raise ValueError(
+        f"Session: {'; '.join(lines)}, but ir.num_host_transfers is {n}: the output transfers "
+        f"that no host_store writes would be uninitialised memory (upstream returns np.empty "
+        f"garbage there). Store to each stream {n} time(s) per run (e.g. host_store inside "
+        f"ops.repeat(graph, {n}, ...)), or set ir.num_host_transfers to the number of stores.")
+
+
+def read_only(arr: np.ndarray) -> np.ndarray:
+    """A read-only view of `arr` (writes raise instead of changing the Session's host copy).
+    An np.memmap is returned itself: a memmap-backed variable shares its file by design (as
+    upstream), and the file is the host copy."""
+    if isinstance(arr, np.memmap):
+        return arr
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+def session_failed(what: str, first: BaseException) -> SessionFailed:
+    """The error every device operation of a failed Session raises, naming the first error."""
+    text = str(first).strip().splitlines()
+    first_line = text[0] if text else ""
+    err = SessionFailed(
+        f"{what}: this Session failed earlier ({type(first).__name__}: {first_line}), so its "
+        f"replicas may be out of step (one may have applied an update the others did not). "
+        f"Create a new Session, or call session.reset() to restore every replica from the host "
+        f"weights (the values last copied to the host).")
+    err.first_error = first
+    return err

@@ -1,0 +1,130 @@
+"""The emulator's `popart`: version, exceptions (what popxl raises for upstream's PopART errors
+is catchable as `popart.popart_exception`), SessionOptions as the Ir's options object, enums and
+the small value classes."""
+import numpy as np
+import pytest
+
+import popart
+import popxl
+import popxl.ops as ops
+
+
+def test_version():
+    assert popart.versionString() == "3.4.0"
+    v = popart.versionNumber()
+    assert (v.major, v.minor, v.point) == (3, 4, 0)
+    assert isinstance(popart.packageHash(), str)
+
+
+def test_exception_hierarchy():
+    assert issubclass(popart.popart_internal_exception, popart.popart_exception)
+    assert issubclass(popart.OutOfMemoryException, popart.popart_exception)
+    assert issubclass(popart.poplar_unrecoverable_runtime_error, popart.poplar_runtime_error)
+    e = popart.OutOfMemoryException("no tiles")
+    assert e.getSummaryReport() == "no tiles" and e.getProfilePath() == ""
+    assert popxl.errors.popart_exception is popart.popart_exception
+
+
+def test_autodiff_of_modifying_op_raises_popart_exception_with_upstream_wording():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        def fn(x):
+            ops.var_updates.accumulate_(x, x)
+            return x * 2.0
+        g = ir.create_graph(fn, popxl.TensorSpec((2,), popxl.float32))
+    with pytest.raises(popart.popart_exception,
+                       match=rf"^The graph {g.id.replace('(', '[(]').replace(')', '[)]')} "
+                             r"contains a modifying op: .*Autodiff cannot be used on graphs "
+                             r"with inplace modifying ops\."):
+        popxl.transforms.autodiff(g)
+
+
+def test_missing_required_gradient_is_a_popart_exception():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(lambda x, i: x * 2.0, popxl.TensorSpec((2,), popxl.float32),
+                            popxl.TensorSpec((2,), popxl.int32))
+    with pytest.raises(popart.popart_exception,
+                       match=r"^\[Autodiff\] Unable to provide required gradient output for "
+                             r"fwd id '.*/i'"):
+        popxl.transforms.autodiff(g)
+
+
+def test_runtime_failures_are_popart_exceptions():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buf = popxl.remote_buffer((2,), popxl.float32, 2)
+        s = popxl.h2d_stream((), popxl.int32, "off")
+        ops.remote_load(buf, ops.host_load(s, "off"))
+    with popxl.Session(ir, "ipu_hw") as sess:
+        with pytest.raises(popart.popart_exception, match="outside remote buffer"):
+            sess.run({s: np.int32(5)})
+
+
+def test_session_options_are_the_irs_and_reject_unknown_options():
+    ir = popxl.Ir(replication=2)
+    opts = ir._pb_ir.getSessionOptions()
+    assert isinstance(opts, popart.SessionOptions)
+    assert opts is ir._pb_ir.getSessionOptions()
+    assert opts.virtualGraphMode == popart.VirtualGraphMode.Manual
+    assert opts.enableExplicitMainLoops and opts.useHostCopyOps and opts.decomposeGradSum
+    assert not opts.enableVariablesCaching
+    assert (opts.replicatedGraphCount, opts.enableReplicatedGraphs) == (2, True)
+    ir.replication_factor = 4
+    assert opts.replicatedGraphCount == 4
+    opts.numIOTiles = 32
+    assert ir._pb_ir.getSessionOptions().numIOTiles == 32
+    with pytest.raises(AttributeError):
+        opts.numIoTiles = 32                         # a typo, as upstream's pybind class
+    assert popart.SessionOptions().numIOTiles == 0
+
+
+def test_enums_and_value_classes():
+    assert popart.RecomputationType.Standard.name == "Standard"
+    assert popart.SyntheticDataMode.RandomNormal != popart.SyntheticDataMode.Zeros
+    loc = popart.TensorLocation(popart.TensorStorage.OffChip,
+                                popart.ReplicatedTensorSharding.On)
+    settings = popart.TensorLocationSettings(loc, minElementsForOffChip=0)
+    assert settings.location == loc and settings.minElementsForReplicatedTensorSharding == 8192
+    with pytest.raises(TypeError, match="TensorStorage"):
+        popart.TensorLocation("OffChip")
+    ov = popart.OptimizerValue(0.1, False)
+    assert (ov.val(), ov.isConst()) == (pytest.approx(0.1), False)
+    assert popart.OptimizerValue() == popart.OptimizerValue(0.0, True)
+    # popxl's classes that PopART also exports are the same objects
+    assert popart.TileSet is popxl.TileSet and popart.ExecutionContext is popxl.ExecutionContext
+    assert popart.CommGroup is ops.collectives.CommGroup
+    with pytest.raises(AttributeError, match="no attribute 'Builder'"):
+        popart.Builder
+
+
+def test_device_info():
+    d = popart.DeviceInfo("ipu_hw", 2)
+    assert d.numIpus == 2 and d.type == popart.DeviceType.Ipu and not d.isAttached
+    assert d.attach() and d.isAttached
+    with pytest.raises(ValueError, match="device type"):
+        popart.DeviceInfo("gpu")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        popxl.variable(1.0)
+    sess = popxl.Session(ir, popart.DeviceInfo("ipu_model"))
+    assert sess.device == "ipu_model"
+    sess._set_device(d)
+    assert sess.device == "ipu_hw"
+
+
+def test_weights_io_through_pb_session():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.zeros(3, np.float32), name="w")
+        ops.var_updates.accumulate_(w, popxl.constant(np.ones(3, np.float32)))
+    with popxl.Session(ir, "ipu_hw") as sess:
+        sess._pb_session.writeWeights(popart.PyWeightsIO({w.id: np.full(3, 5, np.float32)}))
+        sess._pb_session.weightsFromHost()
+        sess.run()
+        sess._pb_session.weightsToHost()
+        out = {w.id: np.empty(3, np.float32)}
+        sess._pb_session.readWeights(popart.PyWeightsIO(out))
+    np.testing.assert_array_equal(out[w.id], 6)
+    with pytest.raises(TypeError, match="PyWeightsIO"):
+        popart.PyWeightsIO({w: np.zeros(3)})

@@ -1,0 +1,156 @@
+"""Variables over np.memmap: the memmap is the variable's host data (shared, not copied),
+`get_tensor_data` returns it, `weights_to_host` writes into it (and its file), and a read-only
+memmap turns off weights_to_host on exit; VariableFactory's memmap helpers (instance 0 writes)."""
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+import popxl
+import popxl.ops as ops
+import popxl_addons as addons
+
+
+def _accumulating_program(data, replicas=1):
+    ir = popxl.Ir(replication=replicas)
+    with ir.main_graph:
+        v = popxl.variable(data, popxl.float32, name="v")
+        ops.var_updates.accumulate_(v, popxl.constant(np.ones(data.shape, np.float32)))
+    return ir, v
+
+
+def test_variable_shares_a_writable_memmap_and_weights_to_host_writes_the_file(tmp_path):
+    path = tmp_path / "v.npy"
+    mm = np.lib.format.open_memmap(path, "w+", np.float32, (2, 3))
+    mm[...] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ir, v = _accumulating_program(mm)
+    assert v._memmap_arr is mm
+    assert not ir._has_read_only_memmap
+    session = popxl.Session(ir, "ipu_hw")
+    assert session.weights_to_host_on_exit
+    assert session.get_tensor_data(v) is mm
+    with session:
+        session.run()
+        session.run()
+        data = session.get_tensor_data(v)
+        assert data is mm
+    np.testing.assert_array_equal(mm, np.arange(6).reshape(2, 3) + 2)
+    np.testing.assert_array_equal(np.load(path), np.arange(6).reshape(2, 3) + 2)
+    session.write_variable_data(v, np.zeros((2, 3), np.float32))
+    np.testing.assert_array_equal(np.load(path), np.zeros((2, 3)))
+
+
+def test_read_only_memmap_disables_weights_to_host_on_exit(tmp_path):
+    path = tmp_path / "frozen.npy"
+    np.save(path, np.full((2, 2), 5.0, np.float32))
+    ro = np.load(path, mmap_mode="r")
+    ir = popxl.Ir()
+    with ir.main_graph:
+        frozen = popxl.variable(ro, name="frozen")
+        trained = popxl.variable(np.zeros((2, 2), np.float32), name="trained")
+        ops.var_updates.accumulate_(trained, frozen)
+    assert ir._has_read_only_memmap
+    session = popxl.Session(ir, "ipu_hw")
+    assert not session.weights_to_host_on_exit
+    with session:
+        session.run()
+    # No sync on exit: the host copy of the trained weight is still its initial value.
+    np.testing.assert_array_equal(session.get_tensor_data(trained), np.zeros((2, 2)))
+    with session:
+        session.run()
+        data = session.get_tensors_data([frozen, trained])
+        assert data[frozen] is ro           # unchanged on the device: still the file
+        # Attaching again uploaded the stale host value (zeros): one run's worth.
+        np.testing.assert_array_equal(data[trained], np.full((2, 2), 5.0))
+    with pytest.raises(ValueError, match="read-only memmap"):
+        session.write_variable_data(frozen, np.zeros((2, 2), np.float32))
+    assert session.weights_to_host_on_exit is False
+
+
+def test_device_change_to_read_only_memmap_variable_is_not_lost(tmp_path):
+    path = tmp_path / "ro.npy"
+    np.save(path, np.ones(3, np.float32))
+    ir, v = _accumulating_program(np.load(path, mmap_mode="r"))
+    with popxl.Session(ir, "ipu_hw") as s:
+        s.run()
+        np.testing.assert_array_equal(s.get_tensor_data(v), [2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(np.load(path), [1.0, 1.0, 1.0])
+
+
+def _facts(seed):
+    np.random.seed(seed)
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        facts = addons.NamedVariableFactories()
+        facts.insert("w", addons.VariableFactory(partial(np.random.normal, 0, 1, (4, 2)),
+                                                 popxl.float32))
+        facts.insert("b", addons.VariableFactory(partial(np.random.normal, 0, 1, (4,)),
+                                                 popxl.float32))
+    return ir, facts
+
+
+def _raw(path, like) -> np.ndarray:
+    """A factory memmap file's contents: the raw array, as upstream writes it (no header)."""
+    return np.fromfile(path, like.dtype).reshape(like.shape)
+
+
+def test_factory_memmaps_match_plain_init_and_reopen_read_only(tmp_path):
+    ir, facts = _facts(0)
+    with ir.main_graph:
+        mem = facts.init(memmap_dir=str(tmp_path))
+    ir2, facts2 = _facts(0)
+    with ir2.main_graph:
+        plain = facts2.init()
+    for key in ("w", "b"):
+        mm = mem[key]._memmap_arr
+        assert isinstance(mm, np.memmap) and mm.flags.writeable
+        np.testing.assert_array_equal(_raw(tmp_path / f"{key}.npy", mm), mm)
+        s1, s2 = popxl.Session(ir, "ipu_hw"), popxl.Session(ir2, "ipu_hw")
+        np.testing.assert_array_equal(s1.get_tensor_data(mem[key]),
+                                      s2.get_tensor_data(plain[key]))
+    ir3, facts3 = _facts(1)
+    with ir3.main_graph:
+        again = facts3.init(memmap_dir=str(tmp_path), read_only_if_exists=True)
+    assert ir3._has_read_only_memmap and not again.w._memmap_arr.flags.writeable
+    np.testing.assert_array_equal(again.w._memmap_arr, mem.w._memmap_arr)
+
+
+def test_only_instance_zero_writes_and_popdist_runs_meet_at_a_barrier(tmp_path, monkeypatch):
+    import popdist
+
+    calls = []
+    monkeypatch.setattr(popdist, "barrier", lambda: calls.append(popdist.isPopdistEnvSet()))
+    ir, facts = _facts(0)
+    with ir.main_graph:
+        first = facts.init(memmap_dir=str(tmp_path))       # instance 0 of a plain run
+    assert calls == [False, False]                          # (a no-op outside popdist)
+    monkeypatch.setattr(popdist, "isPopdistEnvSet", lambda: True)
+    monkeypatch.setattr(popdist, "getInstanceIndex", lambda: 1)
+    ir2, facts2 = _facts(5)                                 # other data: not written
+    with ir2.main_graph:
+        other = facts2.init(memmap_dir=str(tmp_path))
+    assert calls[2:] == [True, True]
+    np.testing.assert_array_equal(other.w._memmap_arr, first.w._memmap_arr)
+
+
+def test_remote_and_rts_variables_over_memmaps(tmp_path):
+    ir, facts = _facts(0)
+    with ir.main_graph:
+        buffers = addons.named_variable_buffers(facts, shard_over_dict={"w": True, "b": False})
+        variables = facts.init_remote(buffers, memmap_dir=str(tmp_path))
+        shards = addons.remote.load_remote(buffers)
+        for key in ("w", "b"):
+            ops.var_updates.accumulate_(shards[key], popxl.constant(
+                np.ones(shards[key].shape, np.float32)))
+        addons.remote.store_remote(buffers, shards)
+    before = {k: np.array(variables[k]._memmap_arr) for k in ("w", "b")}
+    with popxl.Session(ir, "ipu_hw") as s:
+        s.run()
+        data = s.get_tensors_data(variables.tensors)
+    for key in ("w", "b"):
+        var = variables[key]
+        assert data[var] is var._memmap_arr
+        np.testing.assert_array_equal(_raw(tmp_path / f"{key}.npy", before[key]),
+                                      before[key] + 1)
