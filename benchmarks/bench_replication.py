@@ -6,9 +6,11 @@
    both programs without the all-reduce op (to separate its cost);
 2. all-reduce bandwidth: `replicated_all_reduce_` of a 4M float32 variable (R=2, 2 MPI workers)
    per `session.run`, against a bare mpi4py `Allreduce` between the same 2 ranks;
-3. per-`session.run` overhead of each backend for a tiny program (host_load, add, host_store).
+3. per-`session.run` overhead of each backend for a tiny program (host_load, add, host_store);
+4. Ray against MPI in the same run: run overhead, all-reduce bandwidth and data-parallel MLP
+   samples/s with 2 workers each, the sub-runs alternating (`--ray` runs only this part).
 
-    python benchmarks/bench_replication.py [--quick]
+    python benchmarks/bench_replication.py [--quick] [--ray]
 
 The orchestrator launches sub-runs of this script in worker mode (`--part dp|allreduce|overhead`
 under `python -m popxl_launch`, `--part bare_allreduce` under `mpiexec -n 2`) and reads the JSON
@@ -391,7 +393,55 @@ def bench_overhead(cfg: dict[str, int], quick: bool) -> list[Row]:
              "" if ref is None else fmt_ratio(v / ref), "", "") for label, v in us.items()]
 
 
-def orchestrate(quick: bool) -> int:
+def bench_ray(cfg: dict[str, int]) -> list[Row]:
+    """Part 4: Ray against MPI (2 workers each): the three figures of issue 14, each backend's
+    sub-runs alternating with the other's `repeats` times and their rounds pooled."""
+    print(f"\n[4] Ray against MPI, R=2 on 2 workers (the driver serves worker 0 on both), "
+          f"sub-runs alternating {cfg['repeats']} time(s)")
+    parts = {
+        "overhead": ["--part", "overhead", "--replicas", "2", "--iters", str(cfg["oh_iters"]),
+                     "--rounds", str(cfg["oh_rounds"])],
+        "allreduce": ["--part", "allreduce", "--iters", str(cfg["ar_iters"]), "--rounds",
+                      str(cfg["ar_rounds"])],
+        "dp": ["--part", "dp", "--replicas", "2", "--steps", str(cfg["steps"]), "--rounds",
+               str(cfg["rounds"]), "--warmup", str(cfg["warmup"])],
+    }
+    got: dict[tuple[str, str], list[float]] = {}
+    for _ in range(cfg["repeats"]):
+        for part, args in parts.items():
+            for backend in ("mpi", "ray"):
+                rec = launch(popxl_run(backend, 2, args), ONE_THREAD, f"{part}, {backend}")
+                if rec is None:
+                    continue
+                if not rec.get("correct", True):
+                    print(f"  !! {part}, {backend}: WRONG RESULT")
+                values = (rec["run_us"] if part == "overhead" else rec["run_ms"]
+                          if part == "allreduce" else rec["rates"]["ar"])
+                got.setdefault((part, backend), []).extend(values)
+    mb = AR_ELEMENTS * 4 / 1e6
+    spec = [("overhead", "run overhead, tiny program", "us/run", lambda v: v, "<= 2x", False),
+            ("allreduce", f"all-reduce {mb:.1f} MB", "GB/s", lambda v: mb / v, ">= 0.8x", True),
+            ("dp", "data-parallel MLP", "samples/s", lambda v: v, ">= 0.8x", True)]
+    rows: list[Row] = []
+    for part, label, unit, to_unit, target, higher_better in spec:
+        mpi, ray = got.get((part, "mpi")), got.get((part, "ray"))
+        if not mpi or not ray:
+            rows.append((f"Ray vs MPI: {label}", "failed", "", "", target, ""))
+            continue
+        m, r = to_unit(med(mpi)), to_unit(med(ray))
+        ratio = r / m
+        met = ratio >= 0.8 if higher_better else ratio <= 2.0
+        fmt = ".2f" if unit == "GB/s" else ".0f"
+        for name, vals in (("mpi", mpi), ("ray", ray)):
+            print(f"  {label + ', ' + name:40s} {format(to_unit(med(vals)), fmt):>9s} {unit}  "
+                  f"({spread([to_unit(v) for v in vals], fmt)})")
+        print(f"  {'ray / mpi':40s} {ratio:9.2f}x  (target {target})")
+        rows.append((f"Ray vs MPI: {label}", f"{format(r, fmt)} {unit}",
+                     f"{format(m, fmt)} {unit}", fmt_ratio(ratio), target, "yes" if met else "no"))
+    return rows
+
+
+def orchestrate(quick: bool, ray_only: bool = False) -> int:
     t_start = time.perf_counter()
     cfg = QUICK if quick else FULL
     print(f"bench_replication{' --quick' if quick else ''}: {os.cpu_count()} CPUs, numpy "
@@ -399,7 +449,12 @@ def orchestrate(quick: bool) -> int:
           f"{'/'.join(ONE_THREAD)}=1 (one BLAS thread per process) unless marked "
           f"'default threads'.")
     print(f"Load average before: {load()} (other processes on these cores skew every figure)")
-    summary = bench_dp(cfg) + bench_allreduce(cfg) + bench_overhead(cfg, quick)
+    if ray_only:
+        summary = bench_ray(cfg)
+    else:
+        summary = bench_dp(cfg) + bench_allreduce(cfg) + bench_overhead(cfg, quick)
+        if not quick:
+            summary += bench_ray(cfg)
     print("\nSummary (medians; ratio = measured / reference; nothing asserted on time)")
     head: Row = ("measurement", "measured", "reference", "ratio", "target", "met")
     widths = [max(len(r[i]) for r in [head, *summary]) for i in range(len(head))]
@@ -413,6 +468,8 @@ def orchestrate(quick: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer rounds, no ray")
+    p.add_argument("--ray", action="store_true",
+                   help="only part 4, Ray against MPI (with --quick: fewer rounds)")
     p.add_argument("--part", choices=("dp", "allreduce", "bare_allreduce", "overhead"),
                    help="worker mode (used by the sub-runs)")
     p.add_argument("--replicas", type=int, default=2)
@@ -427,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = {"dp": part_dp, "allreduce": part_allreduce, "bare_allreduce": part_bare_allreduce,
              "overhead": part_overhead}
     if args.part is None:
-        return orchestrate(args.quick)
+        return orchestrate(args.quick, args.ray)
     parts[args.part](args)
     return 0
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from typing import List, Optional
 
 from .supervise import run_job
@@ -80,6 +82,16 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
                 print(f"popxl-run: the host (MPI rank 0, the script) ended without an exit "
                       f"code (killed?); mpiexec exited with {code}", file=sys.stderr)
             return code or 1
+
+
+def _handle_ctrl_c() -> None:
+    """Make Ctrl-C (SIGINT) stop the job even when popxl-run inherited SIGINT ignored, as a
+    command started in the background by a non-interactive shell (CI runners, `cmd &` in a
+    script) does: Python then never raises KeyboardInterrupt, and a Ray driver would run on.
+    `mpiexec` and `torchrun` install their own handlers for the same reason."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -196,6 +208,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     os.environ["POPXL_BACKEND"] = ns.backend
     os.environ["POPXL_WORKERS"] = str(workers)
+    _handle_ctrl_c()
     if ns.target.endswith((".yaml", ".yml")):
         return _run_job(ns.backend, workers, ns.target, ns.args)
     if ns.backend == "mpi":

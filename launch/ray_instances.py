@@ -137,13 +137,13 @@ class _HubOutput:
 
 
 def _instance_env(i: int, n: int, replicas: int, hub: str) -> Dict[str, str]:
-    from popxl.runtime.ray_backend import _blas_threads_env
+    from popxl.runtime.ray_backend import _actor_env
 
     local = replicas // n
     env = {k: v for k, v in os.environ.items()
            if k.startswith("POPXL_") and k not in ("POPXL_BACKEND", "POPXL_WORKERS",
                                                    "POPXL_SINGLE_CONTROLLER")}
-    env.update(_blas_threads_env())
+    env.update(_actor_env())
     env.update({
         "POPDIST_NUM_TOTAL_REPLICAS": str(replicas), "POPDIST_NUM_LOCAL_REPLICAS": str(local),
         "POPDIST_NUM_INSTANCES": str(n), "POPDIST_INSTANCE_INDEX": str(i),

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["backend_name", "worker_count", "collective_timeout", "ray_address", "BACKENDS"]
+__all__ = ["backend_name", "worker_count", "collective_timeout", "ray_address", "ray_transport",
+           "BACKENDS"]
 
 BACKENDS = ("local", "mpi", "ray")
 
@@ -42,5 +43,19 @@ def collective_timeout() -> float:
 
 
 def ray_address() -> str:
-    """The Ray cluster to join (`POPXL_RAY_ADDRESS`); empty means start a local Ray."""
-    return os.environ.get("POPXL_RAY_ADDRESS", "").strip()
+    """The Ray cluster to join (`POPXL_RAY_ADDRESS`, else Ray's own `RAY_ADDRESS`); empty means
+    start a new local Ray (never join whichever cluster `ray start` last left on this machine)."""
+    return (os.environ.get("POPXL_RAY_ADDRESS", "").strip()
+            or os.environ.get("RAY_ADDRESS", "").strip())
+
+
+RAY_TRANSPORTS = ("auto", "socket")
+
+
+def ray_transport() -> str:
+    """How Ray workers of one node talk (`POPXL_RAY_TRANSPORT`): `auto` (default) uses shared
+    memory where it can, `socket` uses TCP sockets everywhere, as between nodes."""
+    value = os.environ.get("POPXL_RAY_TRANSPORT", "").strip().lower() or "auto"
+    if value not in RAY_TRANSPORTS:
+        raise ValueError(f"POPXL_RAY_TRANSPORT must be one of {RAY_TRANSPORTS}, got {value!r}")
+    return value

@@ -16,8 +16,9 @@ from test_job_cli import CONFIG, ROOT, SHORT, accuracy_of, digest_of
 from popxl_launch.cli import main
 
 sys.path.insert(0, str(ROOT / "tests" / "popxl_dist" / "runtime"))
-from test_backends import needs_mpi, needs_ray, our_processes, ray_processes, \
-    wait_until  # noqa: E402
+from test_backends import job_processes, needs_mpi, needs_ray, nothing_left, \
+    our_processes, wait_until  # noqa: E402
+from test_backends import popxl_run as popxl_run_in_session  # noqa: E402
 
 
 def popxl_run(backend: str, *args: str, timeout: float = 240):
@@ -74,6 +75,6 @@ def test_mpi_default_run_folder_is_chosen_once(tmp_path):
 
 @needs_ray
 def test_ray_matches_local(tmp_path, local):
-    before = len(ray_processes())
-    check(popxl_run("ray", CONFIG, "--run-dir", str(tmp_path / "ray"), *SHORT), local)
-    assert wait_until(lambda: len(ray_processes()) <= before), ray_processes()
+    res = popxl_run_in_session("ray", 2, CONFIG, "--run-dir", str(tmp_path / "ray"), *SHORT)
+    check(res, local)
+    assert wait_until(lambda: nothing_left(res.sid)), job_processes(res.sid)

@@ -3,7 +3,7 @@ upstream-semantics and Session cases, failure scenarios and a short data-paralle
 one host script.
 
     popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--gpt-losses PATH]
-                                                       [--failures a,b]
+              [--failures a,b] [--no-cases] [--transport-stats PATH]
 
 Prints the lines of each part; exit status = number of failed parts.
 """
@@ -36,6 +36,8 @@ def main() -> int:
     p.add_argument("--gpt-losses", default="")
     p.add_argument("--failures", default="")
     p.add_argument("--no-cases", action="store_true")
+    p.add_argument("--transport-stats", default="",
+                   help="ray: write the pool's transport_stats() as JSON here (before failures)")
     ns = p.parse_args()
     failed = 0
     if not ns.no_cases:
@@ -55,6 +57,13 @@ def main() -> int:
         import gpt_tiny_tp
 
         failed += gpt_tiny_tp.main(GPT_ARGS + ["--save-losses", ns.gpt_losses]) != 0
+    if ns.transport_stats:
+        import json
+
+        from popxl.runtime.ray_backend import ray_pool
+
+        with open(ns.transport_stats, "w") as f:
+            json.dump(ray_pool(int(os.environ["POPXL_WORKERS"])).transport_stats(), f)
     if ns.failures:
         failed += failure_cases.main(ns.failures.split(",")) != 0
     print(f"suite: {failed} failed part(s)", flush=True)

@@ -139,16 +139,7 @@ def scenario_crash() -> None:
 
 
 def scenario_sleep() -> None:
-    ir = popxl.Ir(replication=R)
-    with ir.main_graph:
-        w = popxl.variable(np.ones((256, 256), np.float32), name="w")
-
-        def body(t):
-            return ops.matmul(t, t) * 1e-3
-
-        g = ir.create_graph(body, w)
-        y, = ops.repeat(g, 1000000, w)
-        ops.collectives.replicated_all_reduce_(y)
+    ir = _long_loop_program(1000000)
     with popxl.Session(ir, "ipu_hw") as sess:
         print("running", flush=True)
         sess.run()

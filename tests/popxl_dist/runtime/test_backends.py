@@ -4,6 +4,7 @@ training on local / mpi / ray and any worker count, and no processes left behind
 are few: one `popxl-run` per backend for the bulk, plus the crash and Ctrl-C runs."""
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 import signal
@@ -34,11 +35,23 @@ needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="mpi4py / mpich not installe
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="ray not installed")
 
 
-def popxl_run(backend: str, workers: int, *args: str, timeout: float = 240):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}
-    return subprocess.run([sys.executable, "-m", "popxl_launch", "--backend", backend,
-                           "--workers", str(workers), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+def popxl_run(backend: str, workers: int, *args: str, timeout: float = 240, env=None):
+    """Run popxl-run in a new session (so `job_processes(res.sid)` finds what it left), with
+    extra environment variables `env`."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}, **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "popxl_launch", "--backend", backend,
+                             "--workers", str(workers), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    res.sid = proc.pid
+    return res
 
 
 def our_processes(marker: str) -> list:
@@ -47,10 +60,28 @@ def our_processes(marker: str) -> list:
     return [line for line in out.splitlines()[1:] if marker in line and "ps -eo" not in line]
 
 
-def ray_processes() -> list:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()[1:]
-            if ("raylet" in line or "ray::" in line or "gcs_server" in line)]
+def job_processes(sid: int) -> list:
+    """The live processes of session `sid` (a job started with start_new_session=True: the
+    launcher, its MPI ranks or Ray's processes and actors). Other helpers' Rays and MPI jobs on
+    the machine are not counted; zombies are dead and not counted either."""
+    out = subprocess.run(["ps", "-eo", "pid,sid,stat,args"], capture_output=True,
+                         text=True).stdout
+    procs = []
+    for line in out.splitlines()[1:]:
+        pid, psid, stat, *args = line.split(None, 3)
+        if int(psid) == sid and not stat.startswith("Z"):
+            procs.append(line)
+    return procs
+
+
+def job_segments(driver_pid: int) -> list:
+    """The shared-memory segments the Ray backend created for the driver `driver_pid`."""
+    return glob.glob(f"/dev/shm/popxl-ray-{driver_pid}-*")
+
+
+def nothing_left(sid: int) -> bool:
+    """No live process of the job (session `sid`, whose leader is the driver) and no segment."""
+    return not job_processes(sid) and not job_segments(sid)
 
 
 def wait_until(condition, timeout: float = 20.0) -> bool:
@@ -171,7 +202,7 @@ def test_mpi_two_ranks_cases_failures_and_bitwise_training(tmp_path, local_weigh
     assert "Accuracy on test set:" in res.stdout
     assert "TP=2 vs TP=1 losses" in res.stdout
     assert np.load(gpt).tobytes() == local_gpt_losses.tobytes()
-    assert wait_until(lambda: not our_processes(SUITE))
+    assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
 @needs_mpi
@@ -189,7 +220,7 @@ def test_mpi_dead_worker_raises_in_host_and_leaves_nothing():
     assert "ok crash" in res.stdout, out[-3000:]
     assert "worker 1 held replica 1" in res.stdout, out[-3000:]
     assert res.returncode == 0, out[-3000:]      # the script's exit code, not the abort's
-    assert wait_until(lambda: not our_processes(FAILURES))
+    assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
 @needs_mpi
@@ -201,50 +232,108 @@ def test_mpi_script_exit_code_is_returned(tmp_path):
     assert "args ['a', '--b']" in res.stdout
 
 
-def _interrupt(backend: str, workers: int, marker_processes) -> None:
+def _start_sleeper(backend: str, workers: int) -> subprocess.Popen:
+    """popxl-run of the long `sleep` scenario, in a new session, with SIGINT ignored as a
+    command run in the background by a non-interactive shell (a CI runner) has it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}
-    proc = subprocess.Popen([sys.executable, "-m", "popxl_launch", "--backend", backend,
+    return subprocess.Popen([sys.executable, "-m", "popxl_launch", "--backend", backend,
                              "--workers", str(workers), FAILURES, "sleep"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=ROOT, start_new_session=True)
+                            env=env, cwd=ROOT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+
+
+def _wait_running(proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 90
+    for line in proc.stdout:
+        if line.startswith("running"):
+            time.sleep(0.5)
+            return
+        assert time.monotonic() < deadline, "the long run never started"
+    raise AssertionError("the long run ended before it was interrupted")
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    """Whatever happened, leave nothing of the job running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for line in job_processes(proc.pid):
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _interrupt(backend: str, workers: int) -> None:
+    """Ctrl-C a long run and check that the whole job stops, even though popxl-run started
+    with SIGINT ignored."""
+    proc = _start_sleeper(backend, workers)
     try:
-        deadline = time.monotonic() + 90
-        for line in proc.stdout:
-            if line.startswith("running"):
-                break
-            assert time.monotonic() < deadline, "the long run never started"
-        time.sleep(0.5)
+        _wait_running(proc)
         os.killpg(proc.pid, signal.SIGINT)           # what Ctrl-C in a terminal does
         t0 = time.monotonic()
         proc.wait(timeout=30)
         assert time.monotonic() - t0 < 15
+        assert proc.returncode != 0
+        assert wait_until(lambda: nothing_left(proc.pid)), (job_processes(proc.pid),
+                                                           job_segments(proc.pid))
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode != 0
-    assert wait_until(lambda: not marker_processes())
+        _kill_job(proc)
 
 
 @needs_mpi
 def test_mpi_ctrl_c_stops_every_rank():
-    _interrupt("mpi", 2, lambda: our_processes(FAILURES))
+    _interrupt("mpi", 2)
 
 
 # --- ray -------------------------------------------------------------------------------
 @needs_ray
-def test_ray_cases_failures_crash_and_bitwise_training(tmp_path, local_weights):
-    before = len(ray_processes())
-    path = tmp_path / "ray.npz"
-    res = popxl_run("ray", 2, SUITE, "--dp-weights", str(path),
+def test_ray_cases_failures_crash_and_bitwise_training(tmp_path, local_weights,
+                                                       local_gpt_losses):
+    path, gpt = tmp_path / "ray.npz", tmp_path / "gpt.npy"
+    res = popxl_run("ray", 2, SUITE, "--dp-weights", str(path), "--gpt-losses", str(gpt),
                     "--failures", "error,diverge,crash")
     assert_suite_ok(res)
     assert "worker 1 held replica 1" in res.stdout
     assert_bitwise_equal(load_weights(path), local_weights)
-    assert wait_until(lambda: len(ray_processes()) <= before), ray_processes()
+    assert np.load(gpt).tobytes() == local_gpt_losses.tobytes()
+    assert wait_until(lambda: nothing_left(res.sid)), (job_processes(res.sid),
+                                                      job_segments(res.sid))
+
+
+@needs_ray
+def test_ray_sockets_three_workers_killed_and_stopped_workers(tmp_path, local_weights):
+    """Sockets between every worker (as between nodes), 3 workers: the bitwise training, a
+    worker killed while every replica computes a long loop without collectives (reported
+    within 2 s by the watchdog), a worker stopped (CollectiveTimeout naming the op, the replicas
+    and the silent worker at the timeout; the session left at once)."""
+    path = tmp_path / "ray3.npz"
+    res = popxl_run("ray", 3, SUITE, "--no-cases", "--dp-weights", str(path),
+                    "--failures", "crash_long,stall",
+                    env={"POPXL_RAY_TRANSPORT": "socket", "POPXL_COLLECTIVE_TIMEOUT": "5"})
+    assert_suite_ok(res)
+    assert "crash_long reported" in res.stdout and "stall: CollectiveTimeout" in res.stdout
+    assert_bitwise_equal(load_weights(path), local_weights)
+    assert wait_until(lambda: nothing_left(res.sid)), (job_processes(res.sid),
+                                                      job_segments(res.sid))
 
 
 @needs_ray
 def test_ray_ctrl_c_leaves_no_actors():
-    before = len(ray_processes())
-    _interrupt("ray", 2, lambda: len(ray_processes()) > before)
+    _interrupt("ray", 2)
+
+
+@needs_ray
+def test_ray_sigkill_to_the_launcher_leaves_nothing():
+    """SIGKILL to popxl-run alone (not its group): Ray's fate-sharing takes the raylet and GCS
+    down; the reaper takes the agents and actors, and any segment."""
+    proc = _start_sleeper("ray", 2)
+    try:
+        _wait_running(proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert wait_until(lambda: nothing_left(proc.pid)), (job_processes(proc.pid),
+                                                           job_segments(proc.pid))
+    finally:
+        _kill_job(proc)

@@ -9,8 +9,8 @@ import pytest
 from popxl import ops
 
 import copy_cases
-from test_backends import needs_mpi, needs_ray, popxl_run, ray_processes, \
-    wait_until
+from test_backends import job_processes, job_segments, needs_mpi, needs_ray, nothing_left, \
+    popxl_run, wait_until
 
 CASES = copy_cases.__file__
 
@@ -91,9 +91,10 @@ def test_copy_cases_on_mpi():
 
 @needs_ray
 def test_copy_cases_on_ray():
-    before = len(ray_processes())
-    _assert_cases_pass(popxl_run("ray", 2, CASES))
-    assert wait_until(lambda: len(ray_processes()) <= before), ray_processes()
+    res = popxl_run("ray", 2, CASES)
+    _assert_cases_pass(res)
+    assert wait_until(lambda: nothing_left(res.sid)), (job_processes(res.sid),
+                                                      job_segments(res.sid))
 
 
 def test_copy_within_one_session_swaps_like_the_host_copy():
