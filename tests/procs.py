@@ -1,11 +1,14 @@
 """Finding the processes of one job among everything else running on the machine (other jobs
-run at the same time): the job's processes inherit an environment marker."""
+run at the same time): the job's processes inherit an environment marker, or share the session
+of a job started with `run_in_session`."""
 from __future__ import annotations
 
 import os
-from typing import List
+import signal
+import subprocess
+from typing import List, Optional
 
-__all__ = ["marked_processes"]
+__all__ = ["marked_processes", "run_in_session", "session_processes"]
 
 
 def marked_processes(var: str, tag: str) -> List[int]:
@@ -23,3 +26,33 @@ def marked_processes(var: str, tag: str) -> List[int]:
         except OSError:
             continue
     return found
+
+
+def run_in_session(cmd: List[str], env: dict, cwd: Optional[str] = None,
+                   timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `cmd` in a new session and wait (killing the whole session on timeout). The result
+    has `.sid`, the session id that finds what the job left behind."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    res.sid = proc.pid
+    return res
+
+
+def session_processes(sid: int) -> List[str]:
+    """`ps` lines of the live (not zombie) processes of session `sid`: a job started with
+    `run_in_session` and everything it started (launcher, MPI ranks, Ray's processes)."""
+    out = subprocess.run(["ps", "-eo", "pid,sid,stat,args"], capture_output=True,
+                         text=True).stdout
+    procs = []
+    for line in out.splitlines()[1:]:
+        pid, psid, stat, *args = line.split(None, 3)
+        if int(psid) == sid and not stat.startswith("Z"):
+            procs.append(line)
+    return procs

@@ -21,6 +21,7 @@ import fp8_cases
 import remote_cases
 import surface_cases
 import tp_cases
+from procs import run_in_session, session_processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -39,19 +40,8 @@ def popxl_run(backend: str, workers: int, *args: str, timeout: float = 240, env=
     """Run popxl-run in a new session (so `job_processes(res.sid)` finds what it left), with
     extra environment variables `env`."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}, **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "popxl_launch", "--backend", backend,
-                             "--workers", str(workers), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    res.sid = proc.pid
-    return res
+    return run_in_session([sys.executable, "-m", "popxl_launch", "--backend", backend,
+                           "--workers", str(workers), *args], env, ROOT, timeout)
 
 
 def our_processes(marker: str) -> list:
@@ -61,17 +51,9 @@ def our_processes(marker: str) -> list:
 
 
 def job_processes(sid: int) -> list:
-    """The live processes of session `sid` (a job started with start_new_session=True: the
-    launcher, its MPI ranks or Ray's processes and actors). Other helpers' Rays and MPI jobs on
-    the machine are not counted; zombies are dead and not counted either."""
-    out = subprocess.run(["ps", "-eo", "pid,sid,stat,args"], capture_output=True,
-                         text=True).stdout
-    procs = []
-    for line in out.splitlines()[1:]:
-        pid, psid, stat, *args = line.split(None, 3)
-        if int(psid) == sid and not stat.startswith("Z"):
-            procs.append(line)
-    return procs
+    """The live processes of the job in session `sid` (other jobs on the machine, e.g. other
+    Rays and MPI jobs, are not counted)."""
+    return session_processes(sid)
 
 
 def job_segments(driver_pid: int) -> list:

@@ -26,6 +26,8 @@ import time
 import numpy as np
 import pytest
 
+from procs import run_in_session, session_processes
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SUITE = os.path.join(HERE, "instance_suite.py")
@@ -53,17 +55,8 @@ def clean_env(**extra: str) -> dict:
 
 def launch(cmd, timeout: float = 300, **env):
     """Run `cmd` in a new session; the result has `.sid` for `job_processes`."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=clean_env(**env), cwd=ROOT, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    res.sid = proc.pid
-    res.text = out + err
+    res = run_in_session(cmd, clean_env(**env), ROOT, timeout)
+    res.text = res.stdout + res.stderr
     return res
 
 
@@ -76,16 +69,9 @@ def popxl_run(*args, **kw):
 
 
 def job_processes(sid: int) -> list:
-    """Live processes of session `sid` (the launch and everything it started; other jobs on
-    the machine are not counted)."""
-    out = subprocess.run(["ps", "-eo", "pid,sid,stat,args"], capture_output=True,
-                         text=True).stdout
-    procs = []
-    for line in out.splitlines()[1:]:
-        pid, psid, stat, *rest = line.split(None, 3)
-        if int(psid) == sid and not stat.startswith("Z"):
-            procs.append(line)
-    return procs
+    """The live processes of the job in session `sid` (other jobs on the machine, e.g. other
+    Rays and MPI jobs, are not counted)."""
+    return session_processes(sid)
 
 
 def wait_until(condition, timeout: float = 30.0) -> bool:
