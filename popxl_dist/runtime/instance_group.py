@@ -190,7 +190,9 @@ def close_instance_group() -> None:
     _GROUP = None
 
 
-_INIT_PATIENCE = 5.0      # seconds a failing instance waits to join MPI in order to abort it
+# Seconds a failing instance waits to join MPI in order to abort it: the others join when they
+# create their first Session, which on a loaded machine can take many seconds (5 s was too short).
+_INIT_PATIENCE = 20.0
 
 
 def _abort_mpi_world_if_started() -> None:
