@@ -403,10 +403,10 @@ class Session:
         """Write host data into variables (and to the device when attached)."""
         updates = self._write_host_weights(tensors)
         if self._attached:
-            self._runtime.write_variables({t: self._host_weights[t] for t in updates})
-            if any(self._variables[t].extra.get("sharded") for t in updates):
-                # RTS shards on the device are loaded from their buffers by this fragment.
-                self._runtime.run_fragment("weights_from_host")
+            # RTS shards on the device are loaded from their buffers by the fragment.
+            sharded = any(self._variables[t].extra.get("sharded") for t in updates)
+            self._on_device("write_variable_data", self._upload_weights,
+                            {t: self._host_weights[t] for t in updates}, sharded)
 
     def _write_host_weights(self, tensors: Mapping) -> list:
         """Check `{variable: data}` and store it in the host buffers (after syncing them from
@@ -453,11 +453,6 @@ class Session:
                 buf[...] = arr
             else:       # a new buffer: earlier get_tensor_data results keep their values
                 self._host_weights[tid] = np.array(arr, copy=True)
-        if self._attached:
-            # RTS shards on the device are loaded from their buffers by the fragment.
-            sharded = any(self._variables[t].extra.get("sharded") for t in updates)
-            self._on_device("write_variable_data", self._upload_weights,
-                            {t: self._host_weights[t] for t in updates}, sharded)
         return list(updates)
 
     def copy_weights_to(self, other: "Session", mapping: Mapping[Variable, Variable]) -> None:
