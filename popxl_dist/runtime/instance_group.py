@@ -23,6 +23,7 @@ import os
 import pickle
 import sys
 import threading
+import time
 from typing import Any, List, Optional
 
 import numpy as np
@@ -204,7 +205,12 @@ def _abort_mpi_world_if_started() -> None:
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            # Said before MPI_Abort: hydra may stop forwarding output as the abort arrives, so
+            # MPICH's own "application called MPI_Abort" line is sometimes lost.
+            print(f"popxl: MPI rank {MPI.COMM_WORLD.Get_rank()} failed before its first popdist "
+                  f"Session: aborting the MPI job (MPI_Abort)", file=sys.stderr, flush=True)
             _flush()
+            time.sleep(0.2)          # lets the launcher forward this output before the abort
             MPI.COMM_WORLD.Abort(1)
 
     if "mpi4py.MPI" in sys.modules:

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import CollectiveTimeout, InstanceFailed, WorkerDied
 from .instance_group import ACK_GRACE, InstanceGroup, _flush
 from .mpi import MPITransport, _alive, _Backoff
+from .mpi_segments import unlink_mpich_segments
 
 __all__ = ["MPIInstanceGroup"]
 
@@ -113,6 +114,9 @@ class MPIInstanceGroup(InstanceGroup):
         self._peer_signal = False
         self.transport = _InstanceTransport(self)
         self.procs = self.allgather((socket.gethostname(), os.getpid()))
+        # Every instance has attached MPICH's shared memory by now: unlinked, it goes with the
+        # last process however the job ends (a killed or aborted job would leave it behind).
+        unlink_mpich_segments()
         self._usr1 = threading.current_thread() is threading.main_thread() \
             and signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
         if self._usr1:

@@ -31,6 +31,7 @@ import numpy as np
 import popdist
 import popxl
 from popxl import ops
+from popxl.runtime.mpi_segments import mpich_segments
 
 INDEX = popdist.getInstanceIndex()
 
@@ -103,6 +104,8 @@ def main(scenario: str) -> int:
     try:
         with popxl.Session(ir, "ipu_hw") as sess:
             sess.run({xs: x})
+            if INDEX == 0 and "mpi4py.MPI" in sys.modules:
+                print(f"segments={','.join(mpich_segments())}", flush=True)
             if INDEX == 1:
                 announce()
                 if scenario == "raise":

@@ -197,6 +197,16 @@ def _failure(scenario: str, **env):
     return res
 
 
+def _no_segment_left(res) -> None:
+    """Instance 0 reported the MPICH shared-memory segment of the job: it must be gone (it is
+    unlinked once every instance mapped it, so a killed or aborted job cannot leave it)."""
+    line = next((x for x in res.zero if x.startswith("segments=")), None)
+    assert line is not None, res.text[-3000:]
+    segments = [s for s in line[len("segments="):].split(",") if s]
+    assert segments, "instance 0 maps no MPICH segment"
+    assert not [s for s in segments if os.path.exists(s)], segments
+
+
 def _caught(res, kind: str) -> tuple:
     line = next((x for x in res.zero if x.startswith(f"caught {kind}")), None)
     assert line is not None, res.text[-4000:]
@@ -212,6 +222,7 @@ def test_an_instance_that_dies_is_named_and_its_exit_code_returned():
     assert "poprun: instance 1 was killed by signal 9 (SIGKILL)" in res.stdout + res.stderr
     assert res.returncode == 137, res.text[-3000:]
     assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
+    _no_segment_left(res)
 
 
 @needs_mpi
@@ -247,6 +258,7 @@ def test_a_hanging_instance_times_out_and_the_job_ends():
     assert 1.5 < took < 10 and res.took < 60, res.text[-3000:]
     assert res.returncode == 1
     assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
+    _no_segment_left(res)
 
 
 @needs_mpi
@@ -264,7 +276,8 @@ def test_under_plain_mpiexec_an_instance_failing_before_its_session_aborts_the_j
                   "early-ir"], timeout=120)
     assert res.returncode != 0 and time.monotonic() - t0 < 60, res.text[-3000:]
     assert "RuntimeError: instance 1 fails before its Session" in res.text
-    assert "MPI_Abort(MPI_COMM_WORLD, 1)" in res.text
+    assert "popxl: MPI rank 1 failed before its first popdist Session: aborting the MPI job" \
+        in res.text, res.text[-3000:]
     assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
