@@ -311,8 +311,9 @@ class Session:
 
     def _validate_run_outputs(self, outputs: Mapping) -> None:
         """Raise ValueError unless `outputs` has exactly the program's d2h streams."""
-        if outputs.keys() != set(self._d2h):
-            self._stream_key_error("output", set(outputs), set(self._d2h))
+        expected = self._expected_outputs()
+        if outputs.keys() != expected:
+            self._stream_key_error("output", set(outputs), expected)
 
     @staticmethod
     def _stream_key_error(kind: str, got: Set, want: Set) -> None:

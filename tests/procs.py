@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from typing import List, Optional
 
-__all__ = ["marked_processes", "run_in_session", "session_processes"]
+__all__ = ["marked_processes", "run_in_session", "session_processes", "wait_until"]
 
 
 def marked_processes(var: str, tag: str) -> List[int]:
@@ -56,3 +57,14 @@ def session_processes(sid: int) -> List[str]:
         if int(psid) == sid and not stat.startswith("Z"):
             procs.append(line)
     return procs
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    """Poll `condition` until it holds (process teardown takes a moment after a job's host
+    exits); False if it still does not after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

@@ -21,7 +21,8 @@ import fp8_cases
 import remote_cases
 import surface_cases
 import tp_cases
-from procs import run_in_session, session_processes
+from procs import run_in_session, wait_until
+from procs import session_processes as job_processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -50,12 +51,6 @@ def our_processes(marker: str) -> list:
     return [line for line in out.splitlines()[1:] if marker in line and "ps -eo" not in line]
 
 
-def job_processes(sid: int) -> list:
-    """The live processes of the job in session `sid` (other jobs on the machine, e.g. other
-    Rays and MPI jobs, are not counted)."""
-    return session_processes(sid)
-
-
 def job_segments(driver_pid: int) -> list:
     """The shared-memory segments the Ray backend created for the driver `driver_pid`."""
     return glob.glob(f"/dev/shm/popxl-ray-{driver_pid}-*")
@@ -64,16 +59,6 @@ def job_segments(driver_pid: int) -> list:
 def nothing_left(sid: int) -> bool:
     """No live process of the job (session `sid`, whose leader is the driver) and no segment."""
     return not job_processes(sid) and not job_segments(sid)
-
-
-def wait_until(condition, timeout: float = 20.0) -> bool:
-    """Poll `condition` (process teardown takes a moment after the host exits)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def assert_suite_ok(res) -> None:

@@ -26,7 +26,8 @@ import time
 import numpy as np
 import pytest
 
-from procs import run_in_session, session_processes
+from procs import run_in_session, wait_until
+from procs import session_processes as job_processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -66,21 +67,6 @@ def poprun(*args, **kw):
 
 def popxl_run(*args, **kw):
     return launch([sys.executable, "-m", "popxl_launch", *args], **kw)
-
-
-def job_processes(sid: int) -> list:
-    """The live processes of the job in session `sid` (other jobs on the machine, e.g. other
-    Rays and MPI jobs, are not counted)."""
-    return session_processes(sid)
-
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def lines_of(text: str, prefix: str) -> list:
