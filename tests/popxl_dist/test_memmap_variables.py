@@ -1,6 +1,7 @@
 """Variables over np.memmap: the memmap is the variable's host data (shared, not copied),
 `get_tensor_data` returns it, `weights_to_host` writes into it (and its file), and a read-only
-memmap turns off weights_to_host on exit; VariableFactory's memmap helpers (instance 0 writes)."""
+memmap turns off weights_to_host on exit and makes device reads raise (as upstream); memmaps
+that would need a copy are refused; VariableFactory's memmap helpers (instance 0 writes)."""
 from __future__ import annotations
 
 from functools import partial
@@ -60,22 +61,28 @@ def test_read_only_memmap_disables_weights_to_host_on_exit(tmp_path):
     np.testing.assert_array_equal(session.get_tensor_data(trained), np.zeros((2, 2)))
     with session:
         session.run()
-        data = session.get_tensors_data([frozen, trained])
-        assert data[frozen] is ro           # unchanged on the device: still the file
-        # Attaching again uploaded the stale host value (zeros): one run's worth.
-        np.testing.assert_array_equal(data[trained], np.full((2, 2), 5.0))
+        # As upstream, nothing reads the device back while a read-only memmap is in the Ir.
+        with pytest.raises(RuntimeError, match="read-only memmap.*frozen"):
+            session.weights_to_host()
+        with pytest.raises(RuntimeError, match="read-only memmap"):
+            session.get_tensors_data([frozen, trained])
+    data = session.get_tensors_data([frozen, trained])      # detached: the host copies
+    assert data[frozen] is ro
+    np.testing.assert_array_equal(data[trained], np.zeros((2, 2)))
     with pytest.raises(ValueError, match="read-only memmap"):
         session.write_variable_data(frozen, np.zeros((2, 2), np.float32))
     assert session.weights_to_host_on_exit is False
 
 
-def test_device_change_to_read_only_memmap_variable_is_not_lost(tmp_path):
+def test_read_only_memmap_file_is_never_written(tmp_path):
     path = tmp_path / "ro.npy"
     np.save(path, np.ones(3, np.float32))
     ir, v = _accumulating_program(np.load(path, mmap_mode="r"))
     with popxl.Session(ir, "ipu_hw") as s:
         s.run()
-        np.testing.assert_array_equal(s.get_tensor_data(v), [2.0, 2.0, 2.0])
+        with pytest.raises(RuntimeError, match="read-only memmap"):
+            s.get_tensor_data(v)
+    np.testing.assert_array_equal(s.get_tensor_data(v), [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(np.load(path), [1.0, 1.0, 1.0])
 
 
