@@ -20,7 +20,7 @@ from .tensor import (HostTensor, Tensor, Variable, _host_array, _new_tensor,
                      _unshare_memmap_of_non_const_grouping)
 
 __all__ = ["RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_sharded_variable",
-           "replica_sharded_variable", "replica_sharded_buffer"]
+           "replica_sharded_variable", "replica_sharded_buffer", "check_variables_fit_buffers"]
 
 
 class RemoteBuffer:
@@ -311,3 +311,33 @@ def replica_sharded_variable(data: HostTensor, dtype: Optional[dtypes.dtype] = N
     with _execution_context("WeightsToHostFragment"):
         ops.remote_store(buf, 0, shard)
     return var, shard
+
+
+# --- when a Session is created ----------------------------------------------------------
+def check_variables_fit_buffers(ir_data) -> None:
+    """Refuse remote and RTS variables that do not fit the remote buffer entry they live in
+    (upstream checks nothing when they are created): a remote variable's per-group data needs
+    the buffer's element count and dtype; an RTS variable's shard (its elements cut into the
+    shards of its sharding group) needs the buffer's element count and dtype."""
+    for tid, info in ir_data.main.tensors.items():
+        home = info.extra.get("remote") if info.extra else None
+        if home is None:
+            continue
+        buf = ir_data.remote_buffers[home[0]]
+        entry = int(np.prod(buf["shape"], dtype=np.int64))
+        where = f"remote buffer {home[0]} (shape {tuple(buf['shape'])}, dtype {buf['dtype'].name})"
+        if info.dtype != buf["dtype"]:
+            raise ValueError(f"Session: variable '{tid}' of dtype {info.dtype.name} does not fit "
+                             f"{where}")
+        if not info.extra.get("sharded"):
+            if info.nelms != entry:
+                raise ValueError(f"Session: remote variable '{tid}' of per-group shape "
+                                 f"{info.shape} ({info.nelms} elements) does not fit {where}: an "
+                                 f"entry holds {entry} elements")
+        elif info.extra.get("shard_over") is None:
+            rg = info.extra.get("replica_grouping")
+            size = rg.const_rg.group_size if rg is not None else ir_data.replication_factor
+            raise ValueError(f"Session: replica-sharded variable '{tid}' of per-group shape "
+                             f"{info.shape} ({info.nelms} elements) cannot be cut over any "
+                             f"divisor of its sharding group of {size} replicas into shards "
+                             f"of the {entry} elements an entry of {where} holds")

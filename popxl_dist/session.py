@@ -10,9 +10,10 @@ import numpy as np
 from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, storage_numpy
 from .engine.compile import stream_slots
+from .remote_buffer import check_variables_fit_buffers
 from .runtime import create_runtime
-from .session_checks import (as_stream_mapping, check_output_array, check_remote_variables,
-                             check_store_counts, checked_downcast, read_only, session_failed)
+from .session_checks import (as_stream_mapping, check_output_array, check_store_counts,
+                             checked_downcast, read_only, session_failed)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
@@ -93,9 +94,9 @@ class Session:
         if weights_to_host_on_exit and ir._has_read_only_memmap:
             _log.info("Weights to host has been disabled as the ir contains a read-only "
                       "memmapped variable.")
+        check_variables_fit_buffers(ir._data)
         check_op_to_identity_applied(ir._data)
         check_store_counts(ir._data, stream_slots(ir._data)[1])
-        check_remote_variables(ir._data)
         ir._prepared = True
         data = ir._data
         main = data.main

@@ -12,7 +12,7 @@ from .engine.transfers import store_shortfalls
 from .errors import SessionFailed
 
 __all__ = ["as_stream_mapping", "checked_downcast", "check_output_array", "check_store_counts",
-           "check_remote_variables", "read_only", "session_failed"]
+           "read_only", "session_failed"]
 
 _INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.iinfo(np.uint32)}
 
@@ -93,35 +93,6 @@ def check_store_counts(ir_data, d2h) -> None:
         f"that no host_store writes would be uninitialised memory (upstream returns np.empty "
         f"garbage there). Store to each stream {n} time(s) per run (e.g. host_store inside "
         f"ops.repeat(graph, {n}, ...)), or set ir.num_host_transfers to the number of stores.")
-
-
-def check_remote_variables(ir_data) -> None:
-    """Refuse remote and RTS variables that do not fit the remote buffer entry they live in
-    (upstream checks nothing when they are created): a remote variable's per-group data needs
-    the buffer's element count and dtype; an RTS variable's shard (its elements cut into the
-    shards of its sharding group) needs the buffer's element count and dtype."""
-    for tid, info in ir_data.main.tensors.items():
-        home = info.extra.get("remote") if info.extra else None
-        if home is None:
-            continue
-        buf = ir_data.remote_buffers[home[0]]
-        entry = int(np.prod(buf["shape"], dtype=np.int64))
-        where = f"remote buffer {home[0]} (shape {tuple(buf['shape'])}, dtype {buf['dtype'].name})"
-        if info.dtype != buf["dtype"]:
-            raise ValueError(f"Session: variable '{tid}' of dtype {info.dtype.name} does not fit "
-                             f"{where}")
-        if not info.extra.get("sharded"):
-            if info.nelms != entry:
-                raise ValueError(f"Session: remote variable '{tid}' of per-group shape "
-                                 f"{info.shape} ({info.nelms} elements) does not fit {where}: an "
-                                 f"entry holds {entry} elements")
-        elif info.extra.get("shard_over") is None:
-            rg = info.extra.get("replica_grouping")
-            size = rg.const_rg.group_size if rg is not None else ir_data.replication_factor
-            raise ValueError(f"Session: replica-sharded variable '{tid}' of per-group shape "
-                             f"{info.shape} ({info.nelms} elements) cannot be cut over any "
-                             f"divisor of its sharding group of {size} replicas into shards "
-                             f"of the {entry} elements an entry of {where} holds")
 
 
 def read_only(arr: np.ndarray) -> np.ndarray:
