@@ -1,10 +1,12 @@
 """Remote buffers and remote / replica-sharded (RTS) variables.
 
 Every replica owns its own copy of each buffer: `entries` slots of `tensor_shape` in the memory of
-the worker that holds the replica. A remote variable lives in one entry of a buffer; an RTS
-variable is stored as one 1-D shard per replica (`shard_over` shards per variable group, the
-data flattened, zero-padded to `shard_over * ceil(n / shard_over)` and cut into contiguous
-chunks: member i of a variable group holds shard `i % shard_over`).
+the worker that holds the replica. A remote variable lives in one entry of a buffer (the
+entry holds its elements, in the buffer's shape); an RTS variable is stored as one shard per
+replica (`shard_over` shards per variable group, the data flattened, zero-padded to
+`shard_over * ceil(n / shard_over)` and cut into contiguous chunks: member i of a variable
+group holds shard `i % shard_over`, in its entry's shape). A variable with a non-constant
+grouping is sharded over the groups of its `const_rg`, as upstream stores it.
 """
 from __future__ import annotations
 
