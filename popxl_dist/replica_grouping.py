@@ -18,7 +18,7 @@ class ReplicaGrouping:
 
     def __init__(self, *a, **k):
         raise RuntimeError("ReplicaGrouping is created with ir.replica_grouping(...) or "
-                        "ir.replica_grouping_from_assignments(...)")
+                           "ir.replica_grouping_from_assignments(...)")
 
     @classmethod
     def _from_params(cls, ir: "Ir", stride: int = 1, group_size: Optional[int] = None):
@@ -143,11 +143,12 @@ class ReplicaGrouping:
 
     @property
     def const_rg(self) -> "ReplicaGrouping":
-        """The constant-stride grouping the device uses for this one: the grouping itself when
-        it is constant-stride; otherwise the coarsest constant-stride grouping whose groups
-        each lie inside one group of this grouping (every group is cut where the distance
-        between consecutive members exceeds the smallest such distance; the cut pieces set the
-        group size). E.g. `[0, 0, 1, 1, 0, 0, 1, 1]` maps to `[0, 0, 1, 1, 2, 2, 3, 3]`."""
+        """The constant-stride grouping the device stores a variable of this grouping by: the
+        grouping itself when it is constant-stride; otherwise, as upstream, the stride is the
+        smallest distance d between consecutive members of a group, every group is cut into
+        runs of members d apart, and the group size is the greatest common divisor of the run
+        lengths (each of its groups lies inside one group here). E.g. `[0, 0, 1, 1, 0, 0, 1, 1]`
+        gives `[0, 0, 1, 1, 2, 2, 3, 3]`."""
         if self.is_const:
             return self
         const = getattr(self, "_const_cache", None)
