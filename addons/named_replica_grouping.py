@@ -42,18 +42,22 @@ def _or_all(rg: Optional[ReplicaGrouping]) -> ReplicaGrouping:
 
 def _restrict(rg: ReplicaGrouping, block: int, what: str) -> ReplicaGrouping:
     """`rg` cut so that no group leaves a block of `block` consecutive replicas (an instance or
-    an IPU-link domain). Constant groupings keep their stride (group size `block // stride`);
-    others keep each group's members within a block, which needs every block to repeat the
-    first block's pattern."""
+    an IPU-link domain). Constant groupings keep their stride (group size `block // stride`;
+    a stride beyond the block is refused, as upstream). Non-constant groupings (upstream
+    raises NotImplementedError, having no stride) keep each group's members within a block,
+    which needs every block to repeat the first block's pattern."""
     ir = rg._ir
+    if rg.is_const:
+        if rg.stride > block:
+            raise ValueError(f"{what}: the replica grouping's stride {rg.stride} must not "
+                             f"exceed the {block} replicas it is restricted to")
+        if rg.group_size * rg.stride <= block:
+            return rg
+        return ir.replica_grouping(stride=rg.stride, group_size=block // rg.stride)
     R = ir.replication_factor
     if block <= 0 or R % block:
         raise ValueError(f"{what}: the block of {block} replicas does not divide the "
                          f"{R} replicas")
-    if rg.is_const:
-        if rg.group_size * rg.stride <= block:
-            return rg
-        return ir.replica_grouping(stride=rg.stride, group_size=max(block // rg.stride, 1))
     pattern = None
     assignment = []
     for b in range(R // block):
@@ -80,7 +84,11 @@ def get_instance_replica_grouping(replica_grouping: Optional[ReplicaGrouping] = 
                                   ) -> ReplicaGrouping:
     """`replica_grouping` (default all replicas) restricted to one popdist instance: groups
     that cross instances are cut at the instance boundaries (`ir.instance_replication_factor`
-    consecutive replicas); a constant grouping keeps its stride."""
+    consecutive replicas); a constant grouping keeps its stride.
+
+    This is what upstream's docstring describes; upstream's code returns a constant grouping
+    unchanged when every instance repeats its pattern and raises otherwise, and raises
+    NotImplementedError for a non-constant one."""
     ir = popxl.gcg().ir
     rg = _or_all(replica_grouping)
     return _restrict(rg, ir.instance_replication_factor, "get_instance_replica_grouping")
@@ -126,8 +134,10 @@ def get_ild_replica_grouping(replica_grouping: Optional[ReplicaGrouping] = None
     (`get_ild_size_from_popdist()` consecutive replicas)."""
     ir = popxl.gcg().ir
     rg = _or_all(replica_grouping)
-    return _restrict(rg, min(get_ild_size_from_popdist(), ir.replication_factor),
-                     "get_ild_replica_grouping")
+    size = get_ild_size_from_popdist()
+    if rg.is_const:
+        return _restrict(rg, size, "get_ild_replica_grouping")
+    return _restrict(rg, min(size, ir.replication_factor), "get_ild_replica_grouping")
 
 
 def is_cross_ild(replica_grouping: Optional[ReplicaGrouping]) -> bool:

@@ -23,6 +23,7 @@ from ._options import (AccumulateOuterFragmentSchedule, AccumulateOuterFragmentS
                        PyWeightsIO, RecomputationType, ReductionType, ReplicatedTensorSharding,
                        SessionOptions, SyntheticDataMode, TensorLocation, TensorLocationSettings,
                        TensorStorage, VirtualGraphMode)
+from ._variable_settings import VariableRetrievalMode, VariableSettings
 
 __all__ = [
     "versionString", "versionNumber", "packageHash", "popart_exception",
@@ -35,7 +36,7 @@ __all__ = [
     "ExecutionPhaseSchedule", "MeanReductionStrategy", "Instrumentation", "DotCheck",
     "PatternsLevel", "CollectiveOperator", "TensorLocation", "TensorLocationSettings",
     "OptimizerValue", "PyWeightsIO", "DeviceInfo", "DeviceType", "CommGroup", "CommGroupType",
-    "TileSet", "ExecutionContext",
+    "TileSet", "ExecutionContext", "VariableSettings", "VariableRetrievalMode",
 ]
 
 # The PopART release whose PopXL API the emulator follows (see the references).

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .ir import Ir
 
 __all__ = ["PbIr", "PbGraph", "PbOp", "PbTensor", "PbTensorInfo", "PbSession", "TopoCons",
-           "PbReplicaGrouping", "VariableSettings",
+           "PbReplicaGrouping",
            "op_class", "op_view", "SessionOptions"]
 
 # ONNX ops keep their domain and (PopART default opset) version in `op.str()`; the rest are
@@ -513,26 +513,3 @@ class PbReplicaGrouping:
         return (f"ReplicaGrouping(numReplicas={self._n}, stride={self._stride}, "
                 f"groupSize={self._size})")
 
-
-class VariableSettings:
-    """How a variable is shared across replicas and retrieved (upstream `_ir.VariableSettings`)."""
-
-    def __init__(self, replica_grouping, retrieval_mode: str) -> None:
-        if retrieval_mode not in ("one_per_group", "all_replicas"):
-            raise ValueError(f"VariableSettings: retrieval_mode must be 'one_per_group' or "
-                             f"'all_replicas', got {retrieval_mode!r}")
-        self._rg = replica_grouping
-        self._mode = retrieval_mode
-
-    def getReplicaGrouping(self, num_replicas: Optional[int] = None):
-        return self._rg
-
-    def getRetrievalMode(self) -> str:
-        return self._mode
-
-    def getGroupCount(self, num_replicas: int) -> int:
-        return num_replicas // self._rg.group_size
-
-    def numReplicasReturningVariable(self, num_replicas: int) -> int:
-        """How many copies `get_tensor_data` returns: one per group, or every replica."""
-        return num_replicas if self._mode == "all_replicas" else self.getGroupCount(num_replicas)

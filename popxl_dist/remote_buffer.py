@@ -1,10 +1,12 @@
 """Remote buffers and remote / replica-sharded (RTS) variables.
 
 Every replica owns its own copy of each buffer: `entries` slots of `tensor_shape` in the memory of
-the worker that holds the replica. A remote variable lives in one entry of a buffer; an RTS
-variable is stored as one 1-D shard per replica (`shard_over` shards per variable group, the
-data flattened, zero-padded to `shard_over * ceil(n / shard_over)` and cut into contiguous
-chunks: member i of a variable group holds shard `i % shard_over`).
+the worker that holds the replica. A remote variable lives in one entry of a buffer (the
+entry holds its elements, in the buffer's shape); an RTS variable is stored as one shard per
+replica (`shard_over` shards per variable group, the data flattened, zero-padded to
+`shard_over * ceil(n / shard_over)` and cut into contiguous chunks: member i of a variable
+group holds shard `i % shard_over`, in its entry's shape). A variable with a non-constant
+grouping is sharded over the groups of its `const_rg`, as upstream stores it.
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import numpy as np
 from . import dtypes
 from ._ir.records import TensorKind
 from .context import _execution_context, gcg
-from .tensor import HostTensor, Tensor, Variable, _host_array, _new_tensor
+from .tensor import (HostTensor, Tensor, Variable, _host_array, _new_tensor,
+                     _unshare_memmap_of_non_const_grouping)
 
 __all__ = ["RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_sharded_variable",
-           "replica_sharded_variable", "replica_sharded_buffer"]
+           "replica_sharded_variable", "replica_sharded_buffer", "check_variables_fit_buffers"]
 
 
 class RemoteBuffer:
@@ -168,6 +171,7 @@ def _new_variable(what: str, data, dtype, name, downcast, replica_grouping, retr
     if mode not in ("one_per_group", "all_replicas"):
         raise ValueError(f"{what}: retrieval_mode must be 'one_per_group' or 'all_replicas', "
                          f"got {mode!r}")
+    arr = _unshare_memmap_of_non_const_grouping(arr, rg, name)
     shape = _group_data(arr, rg, name or "t", what)
     shape_of(shape, d)
     info = _new_tensor(g, name, shape, d, TensorKind.VARIABLE,
@@ -190,18 +194,17 @@ def remote_variable(data: HostTensor, remote_buffer: RemoteBuffer, offset: int =
                     retrieval_mode: Optional[str] = "one_per_group", log2_scale=None,
                     nan_on_overflow=None) -> Variable:
     """A variable whose home is entry `offset` of `remote_buffer` (bring it on chip with
-    `ops.remote_load`). With G > 1 groups, `data` has a leading group axis."""
+    `ops.remote_load`). With G > 1 groups, `data` has a leading group axis.
+
+    As upstream, the data is not checked against the buffer here: an entry holds the
+    variable's elements, so per-group data of another shape with the buffer's element count
+    (e.g. `(1, 1)` data in a `(1,)` buffer) is laid out in the entry's shape. A variable whose
+    element count or dtype does not fit its buffer is refused when a Session is created."""
     buf = _check_buffer(remote_buffer, "remote_variable")
     off = _check_offset(buf, offset, "remote_variable")
-
-    def check(shape, dt):
-        if shape != buf.tensor_shape or dt != buf.tensor_dtype:
-            raise ValueError(f"remote_variable '{name or 't'}': data of shape {shape} and dtype "
-                             f"{dt.name} does not match remote buffer {buf.remote_buffer_id} "
-                             f"(shape {buf.tensor_shape}, dtype {buf.tensor_dtype.name})")
-
     return _new_variable("remote_variable", data, dtype, name, downcast, replica_grouping,
-                         retrieval_mode, check, {"remote": (buf.remote_buffer_id, off)},
+                         retrieval_mode, lambda shape, dt: None,
+                         {"remote": (buf.remote_buffer_id, off)},
                          log2_scale=log2_scale, nan_on_overflow=nan_on_overflow)
 
 
@@ -256,32 +259,9 @@ def remote_replica_sharded_variable(data: HostTensor, remote_buffer: RemoteBuffe
             raise ValueError(f"{what} '{name or 't'}': data of per-group shape {shape} does not "
                              f"match the meta_shape {buf.meta_shape} of remote buffer "
                              f"{buf.remote_buffer_id}")
-        n = int(np.prod(shape, dtype=np.int64))
-        shard = buf.tensor_shape
-        if len(shard) != 1 or shard[0] < 1:
-            raise ValueError(f"{what}: remote buffer {buf.remote_buffer_id} must hold 1-D "
-                             f"shards, its tensor shape is {shard}")
-        if dt != buf.tensor_dtype:
-            raise ValueError(f"{what} '{name or 't'}': dtype {dt.name} does not match remote "
-                             f"buffer {buf.remote_buffer_id} (dtype {buf.tensor_dtype.name})")
-        rg = replica_grouping
-        group_size = rg.group_size if rg is not None else ir.replication_factor
-        k = buf._record.get("shard_over")
-        if k is None:
-            # A plain buffer: the largest shard count dividing the group size that gives
-            # shards of this length (the group size itself when it fits, as the default).
-            fits = [d for d in range(group_size, 0, -1)
-                    if group_size % d == 0 and math.ceil(n / d) == shard[0]]
-            k = fits[0] if fits else max(1, math.ceil(n / shard[0]))
-        if math.ceil(n / k) != shard[0]:
-            raise ValueError(f"{what} '{name or 't'}': {n} elements cannot be cut into "
-                             f"{k} shards of {shard[0]} (remote buffer {buf.remote_buffer_id})")
-        if group_size % k:
-            raise ValueError(f"{what} '{name or 't'}': {k} shards do not divide the replica "
-                             f"group size {group_size}")
         if not buf.meta_shape:
             buf.meta_shape = shape
-        info["k"] = k
+        info["k"] = _shards_in_buffer(buf, shape, replica_grouping, ir)
         info["shape"] = shape
 
     holder: Dict[str, Any] = {"remote": (buf.remote_buffer_id, off), "sharded": True}
@@ -290,6 +270,23 @@ def remote_replica_sharded_variable(data: HostTensor, remote_buffer: RemoteBuffe
     var._info.extra["shard_over"] = info["k"]
     var._info.meta_shape = tuple(info["shape"])
     return var
+
+
+def _shards_in_buffer(buf: RemoteBuffer, shape: Tuple[int, ...], rg, ir) -> Optional[int]:
+    """How many replicas share an RTS variable of per-group `shape` whose entry in `buf` holds
+    one replica's shard (of the buffer's element count, whatever its shape): the count
+    `replica_sharded_buffer` recorded, else the largest divisor of the sharding group's size
+    (the group of `rg.const_rg`, as upstream stores the variable) that gives shards of that
+    length. None when no count fits (refused when a Session is created)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    length = int(np.prod(buf.tensor_shape, dtype=np.int64))
+    group_size = rg.const_rg.group_size if rg is not None else ir.replication_factor
+    k = buf._record.get("shard_over")
+    if k is not None:
+        return k if math.ceil(n / k) == length and group_size % k == 0 else None
+    fits = [d for d in range(group_size, 0, -1)
+            if group_size % d == 0 and math.ceil(n / d) == length]
+    return fits[0] if fits else None
 
 
 def replica_sharded_variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None,
@@ -316,3 +313,33 @@ def replica_sharded_variable(data: HostTensor, dtype: Optional[dtypes.dtype] = N
     with _execution_context("WeightsToHostFragment"):
         ops.remote_store(buf, 0, shard)
     return var, shard
+
+
+# --- when a Session is created ----------------------------------------------------------
+def check_variables_fit_buffers(ir_data) -> None:
+    """Refuse remote and RTS variables that do not fit the remote buffer entry they live in
+    (upstream checks nothing when they are created): a remote variable's per-group data needs
+    the buffer's element count and dtype; an RTS variable's shard (its elements cut into the
+    shards of its sharding group) needs the buffer's element count and dtype."""
+    for tid, info in ir_data.main.tensors.items():
+        home = info.extra.get("remote") if info.extra else None
+        if home is None:
+            continue
+        buf = ir_data.remote_buffers[home[0]]
+        entry = int(np.prod(buf["shape"], dtype=np.int64))
+        where = f"remote buffer {home[0]} (shape {tuple(buf['shape'])}, dtype {buf['dtype'].name})"
+        if info.dtype != buf["dtype"]:
+            raise ValueError(f"Session: variable '{tid}' of dtype {info.dtype.name} does not fit "
+                             f"{where}")
+        if not info.extra.get("sharded"):
+            if info.nelms != entry:
+                raise ValueError(f"Session: remote variable '{tid}' of per-group shape "
+                                 f"{info.shape} ({info.nelms} elements) does not fit {where}: an "
+                                 f"entry holds {entry} elements")
+        elif info.extra.get("shard_over") is None:
+            rg = info.extra.get("replica_grouping")
+            size = rg.const_rg.group_size if rg is not None else ir_data.replication_factor
+            raise ValueError(f"Session: replica-sharded variable '{tid}' of per-group shape "
+                             f"{info.shape} ({info.nelms} elements) cannot be cut over any "
+                             f"divisor of its sharding group of {size} replicas into shards "
+                             f"of the {entry} elements an entry of {where} holds")

@@ -1,6 +1,8 @@
 """`ReplicaGrouping`: how replicas are split into groups (for variables and collectives)."""
 from __future__ import annotations
 
+import math
+from functools import reduce
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 if TYPE_CHECKING:
@@ -15,8 +17,8 @@ class ReplicaGrouping:
     """
 
     def __init__(self, *a, **k):
-        raise TypeError("ReplicaGrouping is created with ir.replica_grouping(...) or "
-                        "ir.replica_grouping_from_assignments(...)")
+        raise RuntimeError("ReplicaGrouping is created with ir.replica_grouping(...) or "
+                           "ir.replica_grouping_from_assignments(...)")
 
     @classmethod
     def _from_params(cls, ir: "Ir", stride: int = 1, group_size: Optional[int] = None):
@@ -58,6 +60,11 @@ class ReplicaGrouping:
         if groups != list(range(len(groups))):
             raise ValueError("replica_grouping_from_assignments: groups must be numbered 0..G-1, "
                              f"got {assignment}")
+        first_seen = list(dict.fromkeys(assignment))
+        if first_seen != groups:
+            raise ValueError("replica_grouping_from_assignments: groups must be numbered in the "
+                             f"order their first replica appears, got {assignment} (groups in "
+                             f"order of appearance: {first_seen})")
         sizes = {g: assignment.count(g) for g in groups}
         if len(set(sizes.values())) != 1:
             raise ValueError(f"replica_grouping_from_assignments: all groups must have the same "
@@ -134,62 +141,87 @@ class ReplicaGrouping:
                 assignment[r] = i
         return ReplicaGrouping._from_assignment(self._ir, assignment)
 
-    def _const_form(self) -> Optional["ReplicaGrouping"]:
-        """The constant-stride grouping with the same groups (labelled differently), if any."""
-        members = sorted(map(tuple, self.groups()))
-        r = self.num_replicas
-        for stride in range(1, r + 1):
-            try:
-                cand = ReplicaGrouping._from_params(self._ir, stride, self._group_size)
-            except ValueError:
-                continue
-            if sorted(map(tuple, cand.groups())) == members:
-                return cand
-        return None
-
     @property
     def const_rg(self) -> "ReplicaGrouping":
-        """The constant-stride grouping with the same groups. A non-constant grouping whose
-        groups are those of a constant-stride one in another order maps onto it (see
-        `to_device_map`); any other assignment has no constant form (NotImplementedError)."""
+        """The constant-stride grouping the device stores a variable of this grouping by: the
+        grouping itself when it is constant-stride; otherwise, as upstream, the stride is the
+        smallest distance d between consecutive members of a group, every group is cut into
+        runs of members d apart, and the group size is the greatest common divisor of the run
+        lengths (each of its groups lies inside one group here). E.g. `[0, 0, 1, 1, 0, 0, 1, 1]`
+        gives `[0, 0, 1, 1, 2, 2, 3, 3]`."""
         if self.is_const:
             return self
-        const = self._const_form()
+        const = getattr(self, "_const_cache", None)
         if const is None:
-            raise NotImplementedError(
-                f"const_rg: {self!r} does not have the groups of any constant-stride grouping, "
-                f"so it cannot be expressed as one")
+            const = self._refine_to_const()
+            self._const_cache = const
         return const
 
+    def _refine_to_const(self) -> "ReplicaGrouping":
+        groups = self.groups()
+        gaps = [b - a for m in groups for a, b in zip(m, m[1:])]
+        step = min(gaps)
+        runs: List[int] = []
+        for m in groups:
+            length = 1
+            for a, b in zip(m, m[1:]):
+                if b - a == step:
+                    length += 1
+                else:
+                    runs.append(length)
+                    length = 1
+            runs.append(length)
+        size = reduce(math.gcd, runs)
+        return ReplicaGrouping._from_params(self._ir, step if size > 1 else 1, size)
+
     @property
-    def to_device_map(self) -> List[int]:
-        """For each group of this grouping (host data order), its group in `const_rg`."""
+    def to_device_map(self) -> Optional[List[int]]:
+        """For a non-constant grouping, this grouping's group of each group of `const_rg` (so
+        `data[to_device_map]` is per-group host data laid out for `const_rg`); None for a
+        constant-stride grouping."""
         if self.is_const:
-            return list(range(self.num_groups))
+            return None
+        const = self.const_rg
+        return [self.group_of(const.members(c)[0]) for c in range(const.num_groups)]
+
+    @property
+    def to_host_map(self) -> Optional[List[int]]:
+        """For a non-constant grouping, the first `const_rg` group (in replica order) of each of
+        this grouping's groups (so `device_data[to_host_map]` is one value per group here);
+        None for a constant-stride grouping."""
+        if self.is_const:
+            return None
         const = self.const_rg
         return [const.group_of(self.members(g)[0]) for g in range(self.num_groups)]
 
     @property
-    def to_host_map(self) -> List[int]:
-        """The inverse of `to_device_map`: for each group of `const_rg`, its group here."""
-        out = [0] * self.num_groups
-        for g, d in enumerate(self.to_device_map):
-            out[d] = g
-        return out
-
-    @property
     def _pb_replica_grouping(self):
-        """The grouping as upstream's `_ir.ReplicaGrouping` (constant-stride form)."""
+        """The grouping as upstream's `_ir.ReplicaGrouping` (constant-stride groupings only)."""
         from ._pb_shim import PbReplicaGrouping
 
-        const = self.const_rg
-        return PbReplicaGrouping(self.num_replicas, const.stride, const.group_size)
+        if not self.is_const:
+            raise NotImplementedError(
+                f"{self!r} does not have a constant stride, so it has no PopART "
+                f"ReplicaGrouping; collectives (GCL ops) cannot use it (use its const_rg or "
+                f"transpose)")
+        return PbReplicaGrouping(self.num_replicas, self._stride, self._group_size)
 
     def _to_variable_settings(self, retrieval_mode: Optional[str] = None):
-        """Upstream `_ir.VariableSettings` of a variable with this grouping."""
-        from ._pb_shim import VariableSettings
+        """`popart.VariableSettings` of a variable with this (constant-stride) grouping."""
+        import popart
 
-        return VariableSettings(self, retrieval_mode or "one_per_group")
+        if not self.is_const:
+            raise NotImplementedError(
+                f"{self!r} does not have a constant stride, so it has no PopART "
+                f"VariableSettings (variables store it as its const_rg)")
+        if retrieval_mode is None or retrieval_mode == "one_per_group":
+            mode = popart.VariableRetrievalMode.OnePerGroup
+        elif retrieval_mode == "all_replicas":
+            mode = popart.VariableRetrievalMode.AllReplicas
+        else:
+            raise ValueError(f"Invalid retrieval_mode: {retrieval_mode!r} (expected "
+                             f"'one_per_group' or 'all_replicas')")
+        return popart.VariableSettings(self._stride, self._group_size, mode)
 
     def _key(self) -> Tuple:
         return (self.num_replicas, tuple(self.assignment))

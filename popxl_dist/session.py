@@ -10,6 +10,7 @@ import numpy as np
 from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, storage_numpy
 from .engine.compile import stream_slots
+from .remote_buffer import check_variables_fit_buffers
 from .runtime import create_runtime
 from .session_checks import (as_stream_mapping, check_output_array, check_store_counts,
                              checked_downcast, read_only, session_failed)
@@ -90,6 +91,10 @@ class Session:
         self._device_desc = device_desc
         # As upstream: a read-only memmap variable cannot take weights back on exit.
         self.weights_to_host_on_exit = weights_to_host_on_exit and not ir._has_read_only_memmap
+        if weights_to_host_on_exit and ir._has_read_only_memmap:
+            _log.info("Weights to host has been disabled as the ir contains a read-only "
+                      "memmapped variable.")
+        check_variables_fit_buffers(ir._data)
         check_op_to_identity_applied(ir._data)
         check_store_counts(ir._data, stream_slots(ir._data)[1])
         ir._prepared = True
@@ -324,9 +329,22 @@ class Session:
 
     # --- weights -----------------------------------------------------------------------
     def weights_to_host(self) -> None:
-        """Copy every variable from the device into the host buffers."""
+        """Copy every variable from the device into the host buffers.
+
+        Raises:
+            RuntimeError: the Ir has a variable over a read-only memmap (as upstream; its
+                host copy is the read-only file).
+        """
+        self._check_no_read_only_memmap("Session.weights_to_host")
         self._require_attached()
         self._sync_to_host("Session.weights_to_host")
+
+    def _check_no_read_only_memmap(self, what: str) -> None:
+        if self._ir._has_read_only_memmap:
+            names = [t for t, i in self._variables.items()
+                     if isinstance(i.data, np.memmap) and not i.data.flags.writeable]
+            raise RuntimeError(f"{what}: writing data from device to host is not possible as the "
+                               f"ir contains a read-only memmap (variables {names})")
 
     def _sync_to_host(self, what: str) -> None:
         """Read every variable from the device into the host copy. Host buffers are replaced,
@@ -386,6 +404,7 @@ class Session:
         for t in tensors:
             self._check_tensor(t)
         if self._device_is_newer() and any(isinstance(t, Variable) for t in tensors):
+            self._check_no_read_only_memmap("get_tensor_data")     # as upstream
             self._sync_to_host("get_tensor_data")
         return {t: read_only(self._host_weights[t.id] if isinstance(t, Variable)
                              else t._info.data)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections.abc
+import logging
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Optional, Tuple, Union
 
 import numpy as np
@@ -449,6 +450,19 @@ def _host_array(data, dtype, downcast, what: str, log2_scale=None,
     return arr, dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported NumPy dtypes
 
 
+def _unshare_memmap_of_non_const_grouping(arr: np.ndarray, rg, name: Optional[str]
+                                          ) -> np.ndarray:
+    """As upstream, a variable with a non-constant replica grouping copies memmap data (its
+    host layout is not the device's), so it is not memmap-backed: warn and copy."""
+    if isinstance(arr, np.memmap) and rg is not None and not rg.is_const:
+        logging.getLogger("popxl").warning(
+            "In creation of variable %s, you have passed np.memmap data and a non-const "
+            "replica grouping (%r), which requires a copy of the np.memmap data: the variable "
+            "is not backed by the memmap", name or "t", rg)
+        return np.array(arr, copy=True)
+    return arr
+
+
 def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
              downcast: bool = True, replica_grouping: Optional["ReplicaGrouping"] = None,
              retrieval_mode: Optional[str] = None, log2_scale=None,
@@ -474,6 +488,7 @@ def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
     if mode not in ("one_per_group", "all_replicas"):
         raise ValueError(f"variable: retrieval_mode must be 'one_per_group' or 'all_replicas', "
                          f"got {mode!r}")
+    arr = _unshare_memmap_of_non_const_grouping(arr, rg, name)
     shape = arr.shape
     if rg is not None and rg.num_groups > 1:
         if arr.ndim == 0 or arr.shape[0] != rg.num_groups:

@@ -29,7 +29,8 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     """Convert host data (NumPy, Python scalars/sequences, torch tensors) to a NumPy array.
 
     With no `dtype`, 64-bit ints and floats are downcast to 32 bits when `downcast` is true
-    (Python ints become int32, floats float32). A memmap is returned as it is.
+    (Python ints become int32, floats float32). A memmap is returned as it is: it must already
+    have `dtype` (if given), be C-ordered and aligned and need no downcast (else ValueError).
 
     For a float8 `dtype` the result is uint8 codes: real-valued data is cast with
     `popxl.fp8_utils.host_pow2scale_cast_to_fp8(x, dtype, log2_scale, nan_on_overflow)`
@@ -38,7 +39,10 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
 
     Raises:
         RuntimeError: `log2_scale` or `nan_on_overflow` given for a non-float8 dtype.
+        ValueError: a memmap that would have to be copied (see above).
     """
+    if isinstance(x, np.memmap):
+        _check_memmap(x, dtype)
     if dtype is not None and dtype in dtypes.FLOAT8_DTYPES:
         return _to_float8_codes(x, dtype, copy, log2_scale, nan_on_overflow)
     if log2_scale is not None or nan_on_overflow is not None:
@@ -57,6 +61,29 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     elif downcast and arr.dtype in _DOWNCAST:
         arr = arr.astype(_DOWNCAST[arr.dtype])
     return arr
+
+
+def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
+    """A memmap is used as it is (never copied), so, as upstream, it must already have the
+    requested dtype, be C-ordered and aligned, and need no downcast."""
+    if dtype is not None:
+        ok = (x.dtype == np.uint8 or x.dtype == dtype.as_numpy()) \
+            if dtype in dtypes.FLOAT8_DTYPES else x.dtype == dtype.as_numpy()
+        if not ok:
+            raise ValueError(f"When passing a memory-mapped NumPy array, the `dtype` parameter "
+                             f"must be None or the same as the array's dtype: the memmap is "
+                             f"{x.dtype}, dtype is {dtype.name}")
+    if not (x.flags.c_contiguous and x.flags.aligned):
+        raise ValueError(f"When passing a memory-mapped NumPy array, it must already be in "
+                         f"C-ordered and aligned form (memmap of shape {x.shape}, "
+                         f"{'Fortran order' if x.flags.f_contiguous else 'not contiguous'}"
+                         f"{'' if x.flags.aligned else ', unaligned'})")
+    if x.dtype in _DOWNCAST:
+        raise ValueError(f"When passing a memory-mapped NumPy array, the dtype "
+                         f"{dtype.name if dtype is not None else None} is not supported, as it "
+                         f"requires downcasting the array into a new array with a dtype "
+                         f"supported by PopXL (the memmap is {x.dtype}; store it as "
+                         f"{_DOWNCAST[x.dtype]})")
 
 
 def _to_float8_codes(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Optional[int],

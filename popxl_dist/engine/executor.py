@@ -134,9 +134,9 @@ class Worker:
                 else:
                     src = host[rg.group_of(ctx.replica)] if groups > 1 else host
                 if remote is not None:
-                    entry = ctx.remote[remote[0]][remote[1], ...]
+                    entry = self._stored(ctx, tid)
                     if info.extra.get("sharded"):
-                        entry[...] = shard_of(src, info, ctx.replica, entry.shape[0])
+                        entry[...] = shard_of(src, info, ctx.replica, entry.size)
                     else:
                         entry[...] = src
                     continue
@@ -148,11 +148,13 @@ class Worker:
                     cur[...] = src
 
     def _stored(self, ctx: ReplicaContext, tid: str) -> np.ndarray:
-        """Where variable `tid` lives on replica `ctx` (an RTS variable: this replica's shard)."""
+        """Where variable `tid` lives on replica `ctx`: a view in the variable's shape (an RTS
+        variable: this replica's shard, flat), also for a buffer entry of another shape."""
         info = self.ir.main.tensors[tid]
         remote = info.extra.get("remote")
         if remote is not None:
-            return ctx.remote[remote[0]][remote[1], ...]
+            entry = ctx.remote[remote[0]][remote[1], ...]
+            return entry.reshape(-1 if info.extra.get("sharded") else info.shape)
         return ctx.state[self.program.state_index[tid]]
 
     def read_replicas(self, wanted: Dict[str, Sequence[int]]) -> Dict[str, Dict[int, np.ndarray]]:

@@ -112,8 +112,11 @@ def _group_attrs(opname: str, group: ReplicaGrouping | None) -> tuple[int, int]:
         raise ValueError(f"{opname}: 'group' {group!r} belongs to another Ir than the current "
                          f"graph's")
     if not group.is_const:
-        raise ValueError(f"{opname}: {group!r} is not a constant-stride grouping and cannot be "
-                         f"used in collectives")
+        # As upstream: only constant-stride groupings have a GCL representation.
+        raise NotImplementedError(
+            f"{opname}: {group!r} does not have a constant stride and cannot be used in "
+            f"collectives (pass its const_rg, or a constant-stride grouping such as its "
+            f"transpose)")
     return group.stride, group.group_size
 
 

@@ -91,3 +91,14 @@ def test_fill_none_group_and_named_groupings():
             fill_none_group(None)                   # `none_value` is required, as upstream
         named = NamedReplicaGrouping.build_groups(["a.w", "b"], tp)
         assert named.a.w is tp and named.b is tp
+
+
+def test_ild_grouping_of_a_stride_beyond_the_domain_is_refused(monkeypatch):
+    ir = popxl.Ir(replication=8)
+    with ir.main_graph:
+        monkeypatch.setenv("POPLAR_TARGET_OPTIONS", '{"ipuLinkDomainSize": 2}')
+        with pytest.raises(ValueError, match="stride 4 must not exceed the 2 replicas"):
+            get_ild_replica_grouping(ir.replica_grouping(stride=4))
+        # A stride equal to the domain keeps one replica per group (as upstream).
+        monkeypatch.setenv("POPLAR_TARGET_OPTIONS", '{"ipuLinkDomainSize": 4}')
+        assert get_ild_replica_grouping(ir.replica_grouping(stride=4)).group_size == 1

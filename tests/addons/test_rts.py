@@ -342,3 +342,52 @@ def test_adam_state_sharded_and_update_matches_numpy(workers):
     ref = w0 - lr * (m_ref / (1 - b1)) / (np.sqrt(v_ref / (1 - b2)) + eps)
     np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_gather_rts_variables_with_the_2d_tensor_parallel_grouping(workers):
+    """R=8, factories grouped by the non-constant [0, 0, 1, 1, 0, 0, 1, 1] (the transpose of TP1
+    (stride 2, size 2)), buffers sharded over its const_rg groups of 2 (as GPT-3 175B builds
+    them): each pair of replicas holds one copy of its group's value in 2 shards, and the
+    gather over the grouping (mapped to const_rg, as upstream) gives every replica its value."""
+    R = 8
+    assignment = [0, 0, 1, 1, 0, 0, 1, 1]
+    data = np.random.default_rng(7).normal(size=(2, 6)).astype(np.float32)
+    ir = popxl.Ir(replication=R)
+    with ir.main_graph:
+        rg = ir.replica_grouping(stride=2, group_size=2).transpose()
+        assert rg.assignment == assignment and rg.const_rg.group_size == 2
+        facts = addons.NamedVariableFactories.from_dict(
+            {"w": addons.VariableFactory(iter([data[0], data[1]]), popxl.float32, "w",
+                                         replica_grouping=rg)})
+        bufs = addons.named_variable_buffers(facts, shard_over_dict={"w": 2})
+        assert bufs.w.tensor_shape == (3,) and bufs.w.meta_shape == (6,)
+        var = facts.init_remote(bufs).w
+        shards = addons.remote.load_remote(bufs)
+        graph, _ = all_gather_replica_sharded_graph(
+            shards, replica_groups=addons.NamedReplicaGrouping.from_dict({"w": rg}))
+        (full,) = graph.bind(shards).call()
+        out = popxl.d2h_stream(full.shape, full.dtype, "full")
+        ops.host_store(out, full)
+        sh_out = popxl.d2h_stream(shards.w.shape, shards.w.dtype, "shard")
+        ops.host_store(sh_out, shards.w)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        res = sess.run()
+        np.testing.assert_array_equal(sess.get_tensor_data(var), data)
+        sess.write_variable_data(var, data[::-1].copy())
+        again = sess.run()
+    for r in range(R):
+        g = assignment[r]
+        np.testing.assert_array_equal(res[out][r], data[g])
+        np.testing.assert_array_equal(res[sh_out][r], ref_chunks(data[g], 2)[r % 2])
+        np.testing.assert_array_equal(again[out][r], data[1 - g])
+
+
+def test_strided_collectives_refuse_non_constant_groupings():
+    ir = popxl.Ir(replication=8)
+    with ir.main_graph:
+        x = popxl.variable(np.zeros(4, np.float32), name="x")
+        rg = ir.replica_grouping_from_assignments([0, 0, 1, 1, 0, 0, 1, 1])
+        for fn in (replicated_all_gather_strided, replicated_all_reduce_strided,
+                   replicated_reduce_scatter_strided):
+            with pytest.raises(NotImplementedError, match="constant stride"):
+                fn(x, group=rg)

@@ -1,6 +1,7 @@
 """Variables over np.memmap: the memmap is the variable's host data (shared, not copied),
 `get_tensor_data` returns it, `weights_to_host` writes into it (and its file), and a read-only
-memmap turns off weights_to_host on exit; VariableFactory's memmap helpers (instance 0 writes)."""
+memmap turns off weights_to_host on exit and makes device reads raise (as upstream); memmaps
+that would need a copy are refused; VariableFactory's memmap helpers (instance 0 writes)."""
 from __future__ import annotations
 
 from functools import partial
@@ -60,22 +61,28 @@ def test_read_only_memmap_disables_weights_to_host_on_exit(tmp_path):
     np.testing.assert_array_equal(session.get_tensor_data(trained), np.zeros((2, 2)))
     with session:
         session.run()
-        data = session.get_tensors_data([frozen, trained])
-        assert data[frozen] is ro           # unchanged on the device: still the file
-        # Attaching again uploaded the stale host value (zeros): one run's worth.
-        np.testing.assert_array_equal(data[trained], np.full((2, 2), 5.0))
+        # As upstream, nothing reads the device back while a read-only memmap is in the Ir.
+        with pytest.raises(RuntimeError, match="read-only memmap.*frozen"):
+            session.weights_to_host()
+        with pytest.raises(RuntimeError, match="read-only memmap"):
+            session.get_tensors_data([frozen, trained])
+    data = session.get_tensors_data([frozen, trained])      # detached: the host copies
+    assert data[frozen] is ro
+    np.testing.assert_array_equal(data[trained], np.zeros((2, 2)))
     with pytest.raises(ValueError, match="read-only memmap"):
         session.write_variable_data(frozen, np.zeros((2, 2), np.float32))
     assert session.weights_to_host_on_exit is False
 
 
-def test_device_change_to_read_only_memmap_variable_is_not_lost(tmp_path):
+def test_read_only_memmap_file_is_never_written(tmp_path):
     path = tmp_path / "ro.npy"
     np.save(path, np.ones(3, np.float32))
     ir, v = _accumulating_program(np.load(path, mmap_mode="r"))
     with popxl.Session(ir, "ipu_hw") as s:
         s.run()
-        np.testing.assert_array_equal(s.get_tensor_data(v), [2.0, 2.0, 2.0])
+        with pytest.raises(RuntimeError, match="read-only memmap"):
+            s.get_tensor_data(v)
+    np.testing.assert_array_equal(s.get_tensor_data(v), [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(np.load(path), [1.0, 1.0, 1.0])
 
 
@@ -154,3 +161,78 @@ def test_remote_and_rts_variables_over_memmaps(tmp_path):
         assert data[var] is var._memmap_arr
         np.testing.assert_array_equal(_raw(tmp_path / f"{key}.npy", before[key]),
                                       before[key] + 1)
+
+
+# --- memmaps that would have to be copied (upstream's rules), for every variable kind ------
+def _onchip(data, dtype=None, rg=None):
+    return popxl.variable(data, dtype, name="w", replica_grouping=rg), None
+
+
+def _remote(data, dtype=None, rg=None):
+    shape = data.shape[1:] if rg is not None and rg.num_groups > 1 else data.shape
+    buf = popxl.remote_buffer(shape, popxl.dtype.as_dtype(data.dtype))
+    return popxl.remote_variable(data, buf, 0, dtype, name="w", replica_grouping=rg), buf
+
+
+def _remote_rts(data, dtype=None, rg=None):
+    buf = popxl.replica_sharded_buffer(data.shape, popxl.dtype.as_dtype(data.dtype), rg)
+    return popxl.remote_replica_sharded_variable(data, buf, 0, dtype, name="w",
+                                                 replica_grouping=rg), buf
+
+
+def _rts(data, dtype=None, rg=None):
+    return popxl.replica_sharded_variable(data, dtype, name="w", replica_grouping=rg)[0], None
+
+
+KINDS = [_onchip, _remote, _remote_rts, _rts]
+
+
+@pytest.mark.parametrize("make", KINDS, ids=lambda f: f.__name__.strip("_"))
+def test_memmaps_that_need_a_copy_are_refused(tmp_path, make):
+    ir = popxl.Ir(replication=2)
+    f32 = np.memmap(tmp_path / "a.bin", np.float32, "w+", shape=(4,))
+    fortran = np.memmap(tmp_path / "b.bin", np.float32, "w+", shape=(4, 4), order="F")
+    f64 = np.memmap(tmp_path / "c.bin", np.float64, "w+", shape=(4,))
+    with ir.main_graph:
+        with pytest.raises(ValueError, match="memory-mapped.*`dtype` parameter must be None or "
+                                             "the same"):
+            make(f32, popxl.float16)
+        with pytest.raises(ValueError, match="memory-mapped.*C-ordered and aligned.*Fortran"):
+            make(fortran)
+        for dtype in (None, popxl.float64):
+            with pytest.raises(ValueError, match="memory-mapped.*requires downcasting.*float64"):
+                make(f64, dtype)
+        var, _ = make(f32, popxl.float32)                # the same dtype is fine: shared
+        assert var._memmap_arr is f32
+
+
+@pytest.mark.parametrize("make", KINDS, ids=lambda f: f.__name__.strip("_"))
+def test_memmap_with_a_non_constant_grouping_is_copied(tmp_path, make, caplog):
+    """Upstream lays such data out for the device's const_rg, so it copies it (with a warning):
+    the variable is not memmap-backed; the program runs as with an array."""
+    ir = popxl.Ir(replication=8)
+    data = np.memmap(tmp_path / "w.bin", np.float32, "w+", shape=(2, 8))
+    data[...] = np.arange(16, dtype=np.float32).reshape(2, 8)
+    with ir.main_graph, popxl.in_sequence():
+        rg = ir.replica_grouping_from_assignments([0, 0, 1, 1, 0, 0, 1, 1])
+        with caplog.at_level("WARNING", logger="popxl"):
+            var, buf = make(data, rg=rg)
+        assert "np.memmap data and a non-const replica grouping" in caplog.text
+        assert var._memmap_arr is None
+        if buf is not None:
+            w = ops.remote_load(buf, 0)
+            if make is _remote_rts:
+                const = rg.const_rg
+                w = ops.collectives.replica_sharded_slice(
+                    ops.collectives.replicated_all_gather(w, group=const) + 1, group=const)
+            else:
+                w = w + 1
+            ops.remote_store(buf, 0, w)
+        elif make is _onchip:
+            ops.var_updates.accumulate_(var, popxl.constant(np.ones(8, np.float32)))
+    with popxl.Session(ir, "ipu_hw") as sess:
+        sess.run()
+    got = sess.get_tensor_data(var)
+    want = np.arange(16, dtype=np.float32).reshape(2, 8) + (0 if make is _rts else 1)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(data, np.arange(16).reshape(2, 8))     # the file is untouched

@@ -364,10 +364,6 @@ def test_remote_variable_errors():
     ir = popxl.Ir(replication=4)
     with ir.main_graph:
         buf = popxl.remote_buffer((3,), popxl.float32, 2)
-        with pytest.raises(ValueError, match=r"\(4,\).*remote buffer 1"):
-            popxl.remote_variable(np.zeros(4, np.float32), buf)
-        with pytest.raises(ValueError, match="int32.*remote buffer 1"):
-            popxl.remote_variable(np.zeros(3, np.int32), buf)
         with pytest.raises(ValueError, match="offset"):
             popxl.remote_variable(np.zeros(3, np.float32), buf, 2)
         with pytest.raises(ValueError, match="group axis"):
@@ -376,6 +372,21 @@ def test_remote_variable_errors():
         v = popxl.remote_variable(np.zeros(3, np.float32), buf, name="v")
         ops.add(v, v)                                    # read directly, not via remote_load
     with pytest.raises(ValueError, match="remote_load"):
+        popxl.Session(ir, "ipu_hw")
+
+
+@pytest.mark.parametrize("data,match", [
+    (np.zeros(4, np.float32), r"'v' of per-group shape \(4,\) \(4 elements\).*remote buffer 1"),
+    (np.zeros(3, np.int32), r"'v' of dtype int32 does not fit remote buffer 1"),
+])
+def test_remote_variable_that_does_not_fit_its_buffer_is_refused_by_the_session(data, match):
+    """As upstream, creation checks nothing; the Session refuses what cannot be stored."""
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        buf = popxl.remote_buffer((3,), popxl.float32)
+        v = popxl.remote_variable(data, buf, name="v")
+        assert v.shape == data.shape
+    with pytest.raises(ValueError, match=match):
         popxl.Session(ir, "ipu_hw")
 
 
@@ -541,8 +552,6 @@ def test_rts_errors():
         assert buf.tensor_shape == (3,) and buf.meta_shape == (2, 5)
         with pytest.raises(ValueError, match=r"\(5, 2\).*meta_shape"):
             popxl.remote_replica_sharded_variable(np.zeros((5, 2), np.float32), buf)
-        with pytest.raises(ValueError, match="float16"):
-            popxl.remote_replica_sharded_variable(np.zeros((2, 5), np.float16), buf)
         with pytest.raises(ValueError, match="group axis"):
             popxl.replica_sharded_variable(np.zeros(4, np.float32),
                                            replica_grouping=ir.replica_grouping(1, 2))
@@ -550,6 +559,72 @@ def test_rts_errors():
             g = ir.create_empty_graph("sub")
             with g:
                 popxl.replica_sharded_variable(np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("data,buffer_shape,match", [
+    (np.zeros((2, 5), np.float16), None, "'w' of dtype float16 does not fit"),
+    (np.zeros((5, 3, 7, 7), np.float32), (3, 7, 7), r"'w' of per-group shape \(5, 3, 7, 7\)"),
+])
+def test_rts_variable_that_does_not_fit_its_buffer_is_refused_by_the_session(
+        data, buffer_shape, match):
+    """As upstream, creation only checks the buffer's meta_shape; the Session refuses a dtype
+    or shard size the buffer entry cannot hold."""
+    ir = popxl.Ir(replication=4)
+    with ir.main_graph:
+        if buffer_shape is None:
+            buf = popxl.replica_sharded_buffer((2, 5), popxl.float32)
+        else:
+            buf = popxl.remote_buffer(buffer_shape, popxl.float32)
+        v = popxl.remote_replica_sharded_variable(data, buf, name="w")
+        assert v.shape == data.shape
+    with pytest.raises(ValueError, match=match):
+        popxl.Session(ir, "ipu_hw")
+
+
+def test_remote_variables_in_buffers_of_another_shape(workers):
+    """A buffer entry holds the variable's elements: `(1, 1)` int32 data in a `(1,)` buffer
+    (one group) or `(G, 1)` data with G groups, and an RTS variable whose 1-D shards live in a
+    2-D buffer: loads give the buffer's shape, the host keeps the variable's."""
+    R = 4
+    ir = popxl.Ir(replication=R)
+    groupings = [(1, 4), (1, 2), (2, 2), (1, 1)]
+    outs = []
+    full = np.arange(24, dtype=np.float32).reshape(4, 6)
+    with ir.main_graph, popxl.in_sequence():
+        variables = []
+        for stride, size in groupings:
+            rg = ir.replica_grouping(stride, size)
+            data = np.arange(rg.num_groups, dtype=np.int32)[:, None]     # (G, 1)
+            buf = popxl.remote_buffer((1,), popxl.int32, 1)
+            variables.append(popxl.remote_variable(data, buf, replica_grouping=rg))
+            loaded = ops.remote_load(buf, 0)
+            assert loaded.shape == (1,)
+            outs.append(store_out(loaded, f"g{stride}_{size}"))
+            ops.remote_store(buf, 0, loaded + 10)
+        rts_buf = popxl.remote_buffer((2, 3), popxl.float32, 1)
+        rts = popxl.remote_replica_sharded_variable(full, rts_buf, name="rts")
+        shard = ops.remote_load(rts_buf, 0)
+        assert shard.shape == (2, 3) and shard.meta_shape == (4, 6)
+        outs.append(store_out(shard, "shard"))
+        ops.remote_store(rts_buf, 0, shard * 2)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        got = sess.run()
+        for (stride, size), o in zip(groupings, outs):
+            np.testing.assert_array_equal(
+                got[o].reshape(R), [ref_group(r, stride, size) for r in range(R)])
+        np.testing.assert_array_equal(got[outs[-1]], full.reshape(R, 2, 3))
+    for (stride, size), v in zip(groupings, variables):
+        G = R // size
+        assert v.shape == ((1, 1) if G == 1 else (1,))
+        np.testing.assert_array_equal(sess.get_tensor_data(v),
+                                      (np.arange(G)[:, None] + 10).reshape(v.shape_on_host))
+    np.testing.assert_array_equal(sess.get_tensor_data(rts), full * 2)
+    sess.write_variable_data(rts, -full)
+    sess.write_variable_data(variables[0], np.array([[7]], np.int32))
+    with sess:
+        got = sess.run()
+    np.testing.assert_array_equal(got[outs[-1]], -full.reshape(R, 2, 3))
+    np.testing.assert_array_equal(got[outs[0]].reshape(R), [7] * R)
 
 
 @pytest.mark.parametrize("n,k", [(10, 4), (12, 2), (7, 1)])

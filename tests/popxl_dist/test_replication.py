@@ -236,7 +236,8 @@ def test_replicated_variable_starts_equal_then_diverges(workers):
 GROUPINGS = [
     (4, (1, 2)), (4, (2, 2)), (4, (1, 1)),
     (8, (4, 2)), (8, (2, 4)), (8, (1, 4)),
-    (4, [1, 0, 0, 1]),                              # not constant-stride
+    (4, [0, 1, 1, 0]),                              # not constant-stride
+    (8, [0, 0, 1, 1, 0, 0, 1, 1]),                  # 2-D tensor parallel (const_rg: 4 groups)
 ]
 
 

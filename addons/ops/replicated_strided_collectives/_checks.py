@@ -21,7 +21,10 @@ def check_group(group: popxl.ReplicaGrouping | None, opname: str
     if not isinstance(group, popxl.ReplicaGrouping):
         raise TypeError(f"{opname}: 'group' must be a popxl.ReplicaGrouping or None, got "
                         f"{type(group).__name__}")
-    return group if group.is_const else group.const_rg
+    if not group.is_const:
+        raise NotImplementedError(f"{opname}: {group!r} does not have a constant stride, so it "
+                                  f"has no stride and group size for a strided collective")
+    return group
 
 
 def check_reduce_op(op: object, opname: str) -> str:

@@ -1,4 +1,4 @@
-"""One process start per backend: the collective, tensor-parallel, remote-buffer, float8 and
+"""One process start per backend: the collective, tensor-parallel (1-D and 2-D), remote-buffer, float8 and
 upstream-semantics and Session cases, failure scenarios and a short data-parallel MNIST run, all in
 one host script.
 
@@ -25,6 +25,7 @@ import remote_cases  # noqa: E402
 import surface_cases  # noqa: E402
 import session_cases  # noqa: E402
 import tp_cases  # noqa: E402
+import tp2d_cases  # noqa: E402
 
 
 GPT_ARGS = ["--tp", "2", "--dp", "2", "--steps", "3", "--compare"]
@@ -45,6 +46,7 @@ def main() -> int:
         failed += remote_cases.main() != 0
         failed += surface_cases.main() != 0
         failed += tp_cases.main() != 0
+        failed += tp2d_cases.main() != 0
         failed += fp8_cases.main() != 0
         failed += session_cases.main() != 0
     if ns.dp_weights:

@@ -7,7 +7,7 @@ Parts:
   dp=DIR        examples/mnist_popdist.py as launched (losses and weights saved into DIR)
   rts           examples/rts_popdist.py --groupings, 2 replicas per instance
   hierarchical  examples/hierarchical_all_reduce.py, 4 replicas per instance
-  cases         the backend suite's collective, remote-buffer, tensor-parallel, float8 and
+  cases         the backend suite's collective, remote-buffer, tensor-parallel (1-D, 2-D), float8 and
                 upstream-semantics cases with R = 2, 4, 8 split over the instances (`Ir(replication=R)` becomes
                 a popdist Ir; each instance feeds its replicas' rows of the inputs and the
                 outputs are gathered back, so the cases check every replica unchanged)
@@ -117,6 +117,7 @@ def part_cases() -> int:
     import fp8_cases
     import remote_cases
     import surface_cases
+    import tp2d_cases
     import tp_cases
 
     saved = popxl.Ir, popxl.Session.run, list(remote_cases.RUNNERS)
@@ -127,8 +128,8 @@ def part_cases() -> int:
                                if r is not remote_cases.run_offset_error]
     try:
         return sum(int(cases.main() != 0)
-                   for cases in (collective_cases, remote_cases, tp_cases, fp8_cases,
-                                 surface_cases))
+                   for cases in (collective_cases, remote_cases, tp_cases, tp2d_cases,
+                                 fp8_cases, surface_cases))
     finally:
         popxl.Ir, popxl.Session.run, remote_cases.RUNNERS[:] = saved
 

@@ -372,9 +372,55 @@ def run_offset_error(R: int, results: Results) -> None:
     results.append((case, err))
 
 
+def run_entries_of_another_shape(R: int, results: Results) -> None:
+    """As upstream, a buffer entry holds a variable's elements in the buffer's shape: `(G, 1)`
+    int32 remote variables (`(1, 1)` for one group) in `(1,)` buffers, and an RTS variable
+    whose shards live in a 2-D buffer; loaded, updated, stored, read and rewritten by the
+    host."""
+    errs = Errors()
+    full = np.arange(4 * R, dtype=np.float32).reshape(4, R)          # R shards of (2, 2)
+    ir = popxl.Ir(replication=R)
+    made = []
+    with ir.main_graph, popxl.in_sequence():
+        for grouping in GROUPINGS[R]:
+            rg = ir.replica_grouping(*grouping) if grouping else None
+            G = rg.num_groups if rg else 1
+            buf = popxl.remote_buffer((1,), popxl.int32)
+            v = popxl.remote_variable(np.arange(G, dtype=np.int32)[:, None], buf,
+                                      replica_grouping=rg, name=f"v_{_gname(grouping)}")
+            t = ops.remote_load(buf, 0)
+            made.append((grouping, v, _out(t, f"o_{_gname(grouping)}")))
+            ops.remote_store(buf, 0, t + 10)
+        rts_buf = popxl.remote_buffer((2, 2), popxl.float32)
+        rts = popxl.remote_replica_sharded_variable(full, rts_buf, name="rts")
+        shard = ops.remote_load(rts_buf, 0)
+        o_rts = _out(shard, "o_rts")
+        ops.remote_store(rts_buf, 0, shard * 2)
+    case = f"R{R} remote entries of another shape"
+    with popxl.Session(ir, "ipu_hw") as sess:
+        got = sess.run()
+        for grouping, v, o in made:
+            s, k = grouping or (1, R)
+            want = np.array([group_of(r, s, k) for r in range(R)], np.int32)
+            errs.check(case, f"{_gname(grouping)} load", got[o].reshape(R), want)
+        errs.check(case, "rts shards", got[o_rts].reshape(R, 4),
+                   np.stack([chunk(full, r, R) for r in range(R)]))
+        for grouping, v, o in made:
+            s, k = grouping or (1, R)
+            G = R // k
+            errs.check(case, f"{_gname(grouping)} host",
+                       sess.get_tensor_data(v), (np.arange(G, dtype=np.int32)[:, None] + 10))
+        errs.check(case, "rts host", sess.get_tensor_data(rts), full * 2)
+        sess.write_variable_data(rts, -full)
+        got = sess.run()
+        errs.check(case, "rts after write", got[o_rts].reshape(R, 4),
+                   np.stack([chunk(-full, r, R) for r in range(R)]))
+    errs.report(results)
+
+
 RUNNERS: list[Callable[[int, Results], None]] = [
     run_round_trip, run_remote_variables, run_rts, run_explicit_rts, run_memory_report,
-    run_offset_error]
+    run_entries_of_another_shape, run_offset_error]
 
 
 def main() -> int:

@@ -21,6 +21,7 @@ import fp8_cases
 import remote_cases
 import surface_cases
 import tp_cases
+import tp2d_cases
 from procs import run_in_session, wait_until
 from procs import session_processes as job_processes
 
@@ -95,6 +96,21 @@ def test_tp_cases_on_local_backend(monkeypatch, capsys, workers):
     assert tp_cases.main() == 0, capsys.readouterr().out[-3000:]
 
 
+@pytest.fixture(scope="module")
+def tp2d_digest():
+    """The 2-D tensor-parallel cases' digest with every replica in this process, one worker."""
+    results, digest = tp2d_cases.run()
+    assert not [r for r in results if r[1]], results
+    return digest
+
+
+def test_tp2d_cases_bitwise_on_local_worker_threads(monkeypatch, tp2d_digest):
+    monkeypatch.setenv("POPXL_WORKERS", "3")           # blocks of 3, 3, 2 replicas
+    results, digest = tp2d_cases.run()
+    assert not [r for r in results if r[1]], results
+    assert digest == tp2d_digest
+
+
 @pytest.mark.parametrize("workers", [None, "3"])
 def test_remote_cases_on_local_backend(monkeypatch, capsys, workers):
     if workers:
@@ -160,7 +176,7 @@ def test_worker_threads_train_bitwise_like_one_worker(monkeypatch, tmp_path, loc
 # --- mpi -------------------------------------------------------------------------------
 @needs_mpi
 def test_mpi_two_ranks_cases_failures_and_bitwise_training(tmp_path, local_weights,
-                                                           local_gpt_losses):
+                                                           local_gpt_losses, tp2d_digest):
     path, gpt = tmp_path / "mpi.npz", tmp_path / "gpt.npy"
     res = popxl_run("mpi", 2, SUITE, "--dp-weights", str(path), "--gpt-losses", str(gpt),
                     "--failures", "error,diverge")
@@ -169,6 +185,7 @@ def test_mpi_two_ranks_cases_failures_and_bitwise_training(tmp_path, local_weigh
     assert "Accuracy on test set:" in res.stdout
     assert "TP=2 vs TP=1 losses" in res.stdout
     assert np.load(gpt).tobytes() == local_gpt_losses.tobytes()
+    assert f"tp2d digest {tp2d_digest}" in res.stdout
     assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
@@ -257,7 +274,7 @@ def test_mpi_ctrl_c_stops_every_rank():
 # --- ray -------------------------------------------------------------------------------
 @needs_ray
 def test_ray_cases_failures_crash_and_bitwise_training(tmp_path, local_weights,
-                                                       local_gpt_losses):
+                                                       local_gpt_losses, tp2d_digest):
     path, gpt = tmp_path / "ray.npz", tmp_path / "gpt.npy"
     res = popxl_run("ray", 2, SUITE, "--dp-weights", str(path), "--gpt-losses", str(gpt),
                     "--failures", "error,diverge,crash")
@@ -265,6 +282,7 @@ def test_ray_cases_failures_crash_and_bitwise_training(tmp_path, local_weights,
     assert "worker 1 held replica 1" in res.stdout
     assert_bitwise_equal(load_weights(path), local_weights)
     assert np.load(gpt).tobytes() == local_gpt_losses.tobytes()
+    assert f"tp2d digest {tp2d_digest}" in res.stdout
     assert wait_until(lambda: nothing_left(res.sid)), (job_processes(res.sid),
                                                       job_segments(res.sid))
 

@@ -88,6 +88,18 @@ def dp_reference(tmp_path_factory):
     return load_dp(out)
 
 
+@pytest.fixture(scope="module")
+def tp2d_reference():
+    """The 2-D tensor-parallel cases' digest in one process (8 replicas)."""
+    for var in [v for v in os.environ if v.startswith(("POPDIST_", "PMI_", "OMPI_"))]:
+        os.environ.pop(var)
+    import tp2d_cases
+
+    results, digest = tp2d_cases.run()
+    assert not [r for r in results if r[1]], results
+    return digest
+
+
 def load_dp(directory) -> tuple:
     """(losses over all replicas, weights) from the files the example's instances saved."""
     files = sorted(os.listdir(directory))
@@ -135,13 +147,15 @@ PARTS = ["dp", "rts", "hierarchical", "cases", "host-shapes", "weights"]
 
 # --- MPI ------------------------------------------------------------------------------------
 @needs_mpi
-def test_poprun_two_instances_of_four_replicas(tmp_path, dp_reference):
+def test_poprun_two_instances_of_four_replicas(tmp_path, dp_reference, tp2d_reference):
     res = poprun("--num-instances", "2", "--num-replicas", "4", sys.executable, SUITE,
                  f"dp={tmp_path}", "rts", "hierarchical", "cases", "host-shapes", "weights",
                  "mpi-user",
                  "instance0-io", "fail-last")
     assert_suite(res, "[1,{i}]<{stream}>: ", 2, PARTS + ["mpi-user", "instance0-io"])
     assert_dp_bitwise(tmp_path, dp_reference)
+    for i in range(2):          # the 2-D TP cases over 2 instances of 4: the same bits
+        assert f"tp2d digest {tp2d_reference}" in lines_of(res.stdout, f"[1,{i}]<stdout>: ")
     # The documented values of the hierarchical all-reduce, on each instance's 4 replicas.
     want = "[[0.0, 4.0, 8.0, 12.0], [16.0, 20.0, 24.0, 28.0], [0.0, 4.0, 8.0, 12.0], " \
            "[16.0, 20.0, 24.0, 28.0]]"
