@@ -309,7 +309,8 @@ def replica_sharded_variable(data: HostTensor, dtype: Optional[dtypes.dtype] = N
     arr, d = _host_array(data, dtype, downcast, "replica_sharded_variable", log2_scale,
                          nan_on_overflow)
     buf = replica_sharded_buffer(arr.shape, d, replica_grouping, shard_over)
-    var = remote_replica_sharded_variable(arr, buf, 0, d if d in dtypes.FLOAT8_DTYPES else None,
+    var = remote_replica_sharded_variable(dtypes.host_view(arr, d), buf, 0,
+                                          d if d in dtypes.FLOAT8_DTYPES else None,
                                           name, downcast, replica_grouping, retrieval_mode)
     with _execution_context("WeightsFromHostFragment"):
         shard = ops.remote_load(buf, 0, f"{name or var.name}_rts")

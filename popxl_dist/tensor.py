@@ -373,7 +373,7 @@ class Variable(Tensor, tensor_type="Variable"):
     def _memmap_arr(self) -> Optional[np.memmap]:
         """The `np.memmap` this variable was created from (its host data, shared), or None."""
         data = self._info.data
-        return data if isinstance(data, np.memmap) else None
+        return dtypes.host_view(data, self.dtype) if isinstance(data, np.memmap) else None
 
     def _flush_data_if_memmap(self) -> None:
         """Write a memmap-backed variable's host data through to its file."""
@@ -433,7 +433,8 @@ def graph_output(t: Tensor) -> None:
 
 def _host_array(data, dtype, downcast, what: str, log2_scale=None,
                 nan_on_overflow=None) -> Tuple[np.ndarray, dtypes.dtype]:
-    """(host array, popxl dtype) of factory `data`; float8 data becomes uint8 codes."""
+    """(host array, popxl dtype) of factory `data`. float8 data (structured dtypes, as the user
+    gives and gets it) is stored as a uint8 view of its codes: what the engine computes on."""
     if isinstance(data, Tensor):
         raise TypeError(f"{what}: `data` must be host data (NumPy, Python, torch), got {data!r}")
     d = dtypes.dtype.as_dtype(dtype) if dtype is not None else None
@@ -444,9 +445,10 @@ def _host_array(data, dtype, downcast, what: str, log2_scale=None,
         raise type(e)(f"{what}: {e}") from None
     if isinstance(arr, np.memmap) and not arr.flags.writeable and what != "constant":
         gcg().ir._has_read_only_memmap = True
-    if d is not None and d in dtypes.FLOAT8_DTYPES:
-        return arr, d
-    return arr, dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported NumPy dtypes
+    d = d if d is not None else dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported dtypes
+    if d in dtypes.FLOAT8_DTYPES:
+        arr = arr.view(np.uint8)      # (a memmap's view is a memmap of the same file)
+    return arr, d
 
 
 def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optional[str] = None,
@@ -456,8 +458,9 @@ def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
     """A variable in the main graph initialised with `data`.
 
     With a `replica_grouping` of G > 1 groups, `data` has shape `(G, *shape)`. For a float8
-    `dtype`, real-valued data is cast with `log2_scale` / `nan_on_overflow` (see
-    `popxl.utils.to_numpy`); uint8 data is taken as float8 codes. An `np.memmap` of the
+    `dtype`, float16/32/64 data is cast with `log2_scale` / `nan_on_overflow` and float8 data
+    (`popxl.dtypes.np_dtype_float8_143/152`) is taken as it is (see `popxl.utils.to_numpy`);
+    float8 data without `dtype` makes a float8 variable. An `np.memmap` of the
     variable's dtype is shared, not copied: it is the variable's host data
     (`Variable._memmap_arr`, what `Session.get_tensor_data` returns), and `weights_to_host`
     writes into it (a read-only memmap turns off `weights_to_host` on leaving the session).

@@ -128,7 +128,8 @@ FLOAT8_INPUT_OP_TYPES = frozenset({
     "IpuCopy", "IoTileCopy", "HostLoad", "HostStore", "RemoteLoad", "RemoteStore",
     "RemoteLoadInplace", "Call", "Loop", "If", "CopyVarUpdate", "DynamicSlice", "DynamicUpdate",
     "DynamicUpdateInplace", "Gather", "SliceGrad", "SubsampleGrad", "CastThenPow2Scale",
-    "MatMul", "Conv", "ConvTranspose"})
+    "MatMul", "Conv", "ConvTranspose", "PrintTensor", "ReplicatedAllGather",
+    "ReplicatedReduceScatter"})
 
 
 def check_no_float8(op_type: str, settings_name: str, inputs: Sequence[Tensor]) -> None:

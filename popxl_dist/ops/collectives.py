@@ -128,14 +128,17 @@ def _check_op(opname: str, op: Any, t: Tensor, allow_local: bool = False) -> str
             raise TypeError(f"{opname}: op {op!r} needs a bool tensor; '{t.id}' is "
                             f"{t.dtype.name}")
     else:
-        _check_dtype(opname, t)
+        _check_dtype(opname, t, moves_only=op == "local")
     return op
 
 
-def _check_dtype(opname: str, t: Tensor) -> None:
-    if t.dtype not in _NUMERIC_DTYPES:
+def _check_dtype(opname: str, t: Tensor, moves_only: bool = False) -> None:
+    """Reductions take the numeric dtypes; collectives that only move data (gathers, local
+    slices) take float8 too (its codes are bytes on the IPU)."""
+    allowed = _NUMERIC_DTYPES + (dtypes.FLOAT8_DTYPES if moves_only else ())
+    if t.dtype not in allowed:
         raise TypeError(f"{opname}: '{t.id}' has dtype {t.dtype.name}; supported dtypes are "
-                        f"{', '.join(d.name for d in _NUMERIC_DTYPES)}")
+                        f"{', '.join(d.name for d in allowed)}")
 
 
 # --- all-reduce ------------------------------------------------------------------------------
@@ -227,7 +230,7 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
     """
     opname = "replicated_slice"
     check_tensor(t, opname, "t")
-    _check_dtype(opname, t)
+    _check_dtype(opname, t, moves_only=True)
     if not isinstance(axis, int) or not -t.rank <= axis < max(t.rank, 1) or t.rank == 0:
         raise ValueError(f"{opname}: axis {axis!r} is out of range for '{t.id}' {t.shape}")
     axis %= t.rank
@@ -281,7 +284,9 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
     """
     opname = "replicated_all_gather"
     check_tensor(t, opname, "t")
-    _check_dtype(opname, t)
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise ValueError(f"Axis should be an int. Type: {type(axis)}. Value: {axis}")
+    _check_dtype(opname, t, moves_only=True)
     if output_shape not in GATHER_MODES:
         raise ValueError(f"{opname}: output_shape must be one of {GATHER_MODES}, got "
                          f"{output_shape!r}")

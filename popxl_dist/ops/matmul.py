@@ -68,12 +68,11 @@ def matmul_pow2scaled(lhs: Tensor, rhs: Tensor, log2_scale: Tensor,
     Returns:
         The float16 product (op type `MatMul` with 3 inputs).
     """
-    from .float8 import check_float8, log2_scale_tensor
+    from .float8 import check_float8_operands, log2_scale_tensor
 
     name = "matmul_pow2scaled"
-    check_float8(name, lhs, "lhs")
-    check_float8(name, rhs, "rhs")
-    shape = _matmul_shape(lhs, rhs)
+    check_float8_operands(name, "matmul", lhs=lhs, rhs=rhs)
     s = log2_scale_tensor(name, log2_scale)
+    shape = _matmul_shape(lhs, rhs)
     return add_op("MatMul", name, [lhs, rhs, s], [Out("matmul_out", shape, dtypes.float16)],
                   {"output_type": dtypes.float16.name})[0]

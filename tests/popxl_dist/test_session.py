@@ -98,9 +98,11 @@ def test_weights_read_write_and_sync():
         sess.write_variable_data(w, np.full((2, 3), 7, np.float32))
         out = sess.run({x_s: np.zeros((2, 3), np.float32)})
         np.testing.assert_array_equal(out[y_s], 7)
-    with pytest.raises(ValueError, match=r"'w' expects host data of shape \(2, 3\), got \(3,\)"):
+    with pytest.raises(ValueError, match=r"^The shape of the input array \(3,\) must match the "
+                                         r"shape of the tensor w : \(2, 3\)$"):
         sess.write_variable_data(w, np.zeros(3, np.float32))
-    with pytest.raises(TypeError, match="'w' has dtype float32; got data of dtype float64"):
+    with pytest.raises(TypeError, match="^The dtype of the input array float64 must match the "
+                                        "equivalent type of the tensor w : popxl.dtypes.float32"):
         sess.write_variable_data(w, np.zeros((2, 3), np.float64))
 
 
