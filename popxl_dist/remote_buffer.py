@@ -22,6 +22,11 @@ __all__ = ["RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_s
            "replica_sharded_variable", "replica_sharded_buffer"]
 
 
+def _check_entries(entries) -> None:
+    if isinstance(entries, bool) or not isinstance(entries, int) or entries < 1:
+        raise ValueError(f"Entries must be a non-zero, positive integer. Got {entries}")
+
+
 class RemoteBuffer:
     """`entries` slots of `tensor_shape` / `tensor_dtype` per replica, in streaming memory.
 
@@ -29,6 +34,7 @@ class RemoteBuffer:
     """
 
     def __init__(self, tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype, entries: int):
+        _check_entries(entries)
         ir = gcg().ir
         data = ir._data
         self._ir = ir
@@ -54,8 +60,7 @@ class RemoteBuffer:
     def set_remote_buffer_info(self, tensor_dtype: dtypes.dtype, tensor_shape: Tuple[int, ...],
                                entries: int) -> None:
         """Change the buffer's dtype, shape and number of entries (before a Session exists)."""
-        if not isinstance(entries, int) or entries < 1:
-            raise ValueError(f"RemoteBuffer: entries must be an int >= 1, got {entries!r}")
+        _check_entries(entries)
         shape = tuple(int(d) for d in tensor_shape)
         if any(d < 0 for d in shape):
             raise ValueError(f"RemoteBuffer: tensor_shape must be non-negative, got {shape}")
@@ -81,8 +86,7 @@ class RemoteBuffer:
 
     @entries.setter
     def entries(self, value: int) -> None:
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"RemoteBuffer: entries must be an int >= 1, got {value!r}")
+        _check_entries(value)
         self._check_mutable("entries")
         self._record["entries"] = value
 

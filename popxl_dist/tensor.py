@@ -33,12 +33,25 @@ HostScalarTensor = Union[ScalarType, HostTensor]
 TILE_SET_MAP = {TileSet.Compute: "compute", TileSet.IO: "io", TileSet.Undefined: "undefined"}
 
 
+def check_shape(shape: Any, what: str) -> Tuple[int, ...]:
+    """`shape` as a tuple of ints: a tuple or list of non-negative ints (NumPy ints too);
+    TypeError for anything else (a bare int, None, floats), ValueError for negative sizes."""
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_))
+            for s in shape):
+        raise TypeError(f"{what}: shape must be a tuple or list of ints, got {shape!r}")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{what}: shape must not have negative sizes, got {tuple(shape)}")
+    return tuple(int(s) for s in shape)
+
+
 class TensorSpec(collections.abc.Mapping):
     """Shape, dtype and meta_shape of a tensor, without a tensor."""
 
     def __init__(self, shape: Tuple[int, ...], dtype: dtypes.dtype, meta_shape: Tuple[int, ...] = ()):
-        self._d = {"shape": tuple(int(s) for s in shape), "dtype": dtypes.dtype.as_dtype(dtype),
-                   "meta_shape": tuple(meta_shape or ())}
+        self._d = {"shape": check_shape(shape, "TensorSpec"),
+                   "dtype": dtypes.dtype.as_dtype(dtype),
+                   "meta_shape": check_shape(tuple(meta_shape or ()), "TensorSpec meta_shape")}
 
     shape = property(lambda self: self._d["shape"])
     dtype = property(lambda self: self._d["dtype"])
@@ -92,8 +105,8 @@ class Tensor:
     _tensor_types: Dict[str, type] = {}
 
     def __init__(self) -> None:
-        raise TypeError("Tensors are not constructed directly: use popxl ops, popxl.variable, "
-                        "popxl.constant or popxl.graph_input")
+        raise RuntimeError("popxl.Tensor cannot be constructed directly. Use popxl ops, "
+                           "popxl.variable, popxl.constant or popxl.graph_input.")
 
     def __init_subclass__(cls, tensor_type: Optional[str] = None, **kwargs: Any) -> None:
         """Register `cls` as the class of tensors of `tensor_type` (as upstream)."""
@@ -233,7 +246,7 @@ class Tensor:
 
     def diag(self) -> "Tensor":
         if self.rank != 2:
-            raise ValueError(f"diag: tensor '{self.id}' must be 2-D, got shape {self.shape}")
+            raise ValueError(f"Diag expected a 2d tensor. ('{self.id}' has shape {self.shape})")
         return self.flatten()[:: self.shape[1] + 1]
 
     def copy_to_ipu(self, destination: int, source: Optional[int] = None) -> "Tensor":
@@ -319,7 +332,7 @@ class Tensor:
 
     def __len__(self) -> int:
         if not self.shape:
-            raise ValueError(f"len() of scalar tensor '{self.id}'")
+            raise ValueError(f"Tensor is a scalar and doesn't have a length. ('{self.id}')")
         return self.shape[0]
 
     def __getitem__(self, key) -> "Tensor":
@@ -402,6 +415,7 @@ def _wrap(graph: "Graph", info: TensorInfo) -> Tensor:
 def _new_tensor(graph: "Graph", name: Optional[str], shape, dtype, kind: str,
                 meta_shape=(), data=None, extra=None) -> TensorInfo:
     graph.ir._check_not_frozen(f"{kind} tensor '{name or 't'}'")
+    shape = check_shape(shape, f"{kind} tensor '{name or 't'}'")
     gd = graph._data
     tid = graph.ir._data.unique_tensor_id(gd, graph._scoped_tensor_id(name or "t"))
     info = TensorInfo(tid, tuple(shape), dtype, kind, tuple(meta_shape or ()), data, extra)

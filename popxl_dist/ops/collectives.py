@@ -119,8 +119,11 @@ def _group_attrs(opname: str, group: ReplicaGrouping | None) -> tuple[int, int]:
 
 def _check_op(opname: str, op: Any, t: Tensor, allow_local: bool = False) -> str:
     valid = REDUCE_OPS + (("local",) if allow_local else ())
-    if not isinstance(op, str) or op.lower() not in valid:
-        raise ValueError(f"{opname}: unknown collective op {op!r}; valid ops are "
+    if not isinstance(op, str) or op.lower() not in OP_MAP:
+        raise ValueError(f"Not a valid op: {op}. Must choose from: {', '.join(OP_MAP)} "
+                         f"({opname})")
+    if op.lower() not in valid:
+        raise ValueError(f"{opname}: op {op!r} is not available here; valid ops are "
                          f"{', '.join(repr(v) for v in valid)}")
     op = op.lower()
     if op in _LOGICAL_OPS:
@@ -236,8 +239,9 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
     axis %= t.rank
     _, size = _group_attrs(opname, group)
     if t.shape[axis] % size:
-        raise ValueError(f"{opname}: '{t.id}' {t.shape} axis {axis} (size {t.shape[axis]}) is not "
-                         f"divisible by the group size {size}")
+        raise ValueError(f"Replicated slice must equally divide axis. Axis size: "
+                         f"{t.shape[axis]}. Replica group size: {size} ({opname} of '{t.id}' "
+                         f"{t.shape} along axis {axis})")
     part_shape = t.shape[:axis] + (t.shape[axis] // size,) + t.shape[axis + 1:]
     flat = _rearrange_input(t, axis)
     return _rearrange_output(_reduce_scatter(opname, flat, "local", group, False), part_shape,
@@ -288,8 +292,8 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
         raise ValueError(f"Axis should be an int. Type: {type(axis)}. Value: {axis}")
     _check_dtype(opname, t, moves_only=True)
     if output_shape not in GATHER_MODES:
-        raise ValueError(f"{opname}: output_shape must be one of {GATHER_MODES}, got "
-                         f"{output_shape!r}")
+        raise ValueError(f"output_shape must equal one of 'new_axis', 'concat', 'meta_shape', "
+                         f"'auto'. Value: {output_shape}")
     stride, size = _group_attrs(opname, group)
     mode = output_shape
     if mode == "auto":

@@ -55,7 +55,8 @@ def _transpose_geometry(name: str, t: Tensor, weight: Tensor, stride, padding, d
         raise ValueError(f"{name}: 'weight' '{weight.id}' {weight.shape} needs dim 0 == the input "
                          f"channels {c} of 't' '{t.id}' {t.shape}")
     if pad_type not in _PAD_TYPES:
-        raise ValueError(f"{name}: pad type must be one of {_PAD_TYPES}, got {pad_type!r}")
+        raise ValueError(f"pad type {pad_type} is not valid, must be not_set, same_upper, "
+                         f"same_lower or valid")
     stride = _spatial_arg(name, "stride", stride, n, 1)
     dilation = _spatial_arg(name, "dilation", dilation, n, 1)
     if min(stride + dilation) < 1:
