@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 from popart import SessionOptions
-from popart._internal._types import GraphId, OperatorIdentifier
+from popart._internal._types import DataType, GraphId, OperatorIdentifier, Patterns, TensorType
 
 from ._ir.records import Op, TensorKind
 
@@ -101,9 +101,10 @@ class PbTensorInfo:
     def metaShape(self) -> List[int]:
         return list(self._info.meta_shape)
 
-    def dataType(self) -> str:
-        """The data type in PopART's spelling (FLOAT, FLOAT16, INT32, ...)."""
-        return self._info.dtype._pb_dtype
+    def dataType(self) -> DataType:
+        """The data type as PopART's `DataType` (FLOAT, FLOAT16, INT32, ...; equal to its name
+        as a string)."""
+        return DataType(self._info.dtype._pb_dtype)
 
     def nelms(self) -> int:
         return self._info.nelms
@@ -134,9 +135,10 @@ class PbTensor:
     def info(self) -> PbTensorInfo:
         return PbTensorInfo(self._info)
 
-    def tensorType(self) -> str:
-        """"ActGrad" for op outputs and graph inputs, else "Variable", "Const" or "Stream"."""
-        return _TENSOR_TYPES.get(self._info.kind, "ActGrad")
+    def tensorType(self) -> TensorType:
+        """`TensorType.ActGrad` for op outputs and graph inputs, else Variable, Const or Stream
+        (equal to their names as strings)."""
+        return TensorType(_TENSOR_TYPES.get(self._info.kind, "ActGrad"))
 
     def getGraph(self) -> "PbGraph":
         return PbGraph(self._graph)
@@ -472,6 +474,35 @@ class PbIr:
 
     def getSessionOptions(self) -> SessionOptions:
         return self._ir._session_opts()
+
+    def setPatterns(self, patterns: Patterns) -> None:
+        """The patterns `applyPreAliasPatterns` applies (upstream `Ir.setPatterns`)."""
+        if not isinstance(patterns, Patterns):
+            raise TypeError(f"setPatterns: expected a popart._internal.ir.patterns.Patterns, got "
+                            f"{type(patterns).__name__}")
+        self._ir._patterns = patterns
+
+    def getPatterns(self) -> Patterns:
+        patterns = getattr(self._ir, "_patterns", None)
+        if patterns is None:
+            patterns = self._ir._patterns = Patterns()
+        return patterns
+
+    def applyPreAliasPatterns(self, graph: "PbGraph") -> None:
+        """Apply the pre-alias patterns of `getPatterns()` to `graph`: OpToIdentity (the
+        `*_identical_inputs` all-reduces become identities) when it is enabled; the other
+        pre-alias patterns do not change what the emulator computes."""
+        from .transforms.patterns import apply_pre_alias_patterns
+
+        if self.getPatterns().isPatternEnabled("OpToIdentity"):
+            apply_pre_alias_patterns(graph._graph, "default")
+
+    def applyInplacePattern(self, graph: "PbGraph") -> None:
+        """Upstream replaces ops by their in-place variants where that is safe; the emulator's
+        results and memory plan do not depend on it, so the graph is left as it is."""
+        if not isinstance(graph, PbGraph):
+            raise TypeError(f"applyInplacePattern: expected a graph view, got "
+                            f"{type(graph).__name__}")
 
     def getAllGraphs(self) -> List[PbGraph]:
         return [PbGraph(self._ir._graph(g)) for g in self._ir._data.graphs]

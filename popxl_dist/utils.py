@@ -43,7 +43,7 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
             float8 data).
     """
     if dtype is not None and dtype in dtypes.FLOAT8_DTYPES:
-        return _to_float8_data(x, dtype, copy, log2_scale, nan_on_overflow)
+        return _to_float8_codes(x, dtype, copy, log2_scale, nan_on_overflow)
     if log2_scale is not None or nan_on_overflow is not None:
         raise RuntimeError(f"log2_scale and nan_on_overflow are only for float8 dtypes, got "
                            f"dtype {dtype!r}")
@@ -62,7 +62,7 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     return arr
 
 
-def _to_float8_data(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Optional[int],
+def _to_float8_codes(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Optional[int],
                      nan_on_overflow: Optional[bool]) -> np.ndarray:
     """float8 data (structured dtype) of `x` for `to_numpy` with a float8 `dtype`."""
     from .fp8_utils import host_pow2scale_cast_to_fp8
