@@ -95,6 +95,7 @@ class Session:
         check_store_counts(ir._data, stream_slots(ir._data)[1])
         ir._prepared = True
         data = ir._data
+        data.floating_point_checks = bool(ir._session_opts().enableFloatingPointChecks)
         main = data.main
         self._variables = {t: i for t, i in main.tensors.items() if i.kind == TensorKind.VARIABLE}
         self._host_weights: Dict[str, np.ndarray] = {
@@ -365,8 +366,8 @@ class Session:
 
     def _check_tensor(self, t) -> None:
         if not isinstance(t, (Variable, Constant)):
-            raise TypeError(f"get_tensor_data: only Variables and Constants can be read, got "
-                            f"{t!r} (stream it out with ops.host_store instead)")
+            raise TypeError(f"{t} is not of type Constant or Variable. get_tensor_data is not "
+                            f"supported for this type. (Stream it out with ops.host_store.)")
         if t.ir is not self._ir:
             raise ValueError(f"get_tensor_data: tensor '{t.id}' belongs to another Ir")
 
@@ -416,7 +417,8 @@ class Session:
         updates = {}
         for v, data in tensors.items():
             if not isinstance(v, Variable):
-                raise TypeError(f"write_variable_data: only Variables can be written, got {v!r}")
+                raise TypeError(f"Tensor {getattr(v, 'id', v)} is not of type Variable. "
+                                f"write_variable_data is not supported for this type.")
             if v.ir is not self._ir:
                 raise ValueError(f"write_variable_data: variable '{v.id}' belongs to another Ir")
             if v.retrieval_mode == "all_replicas" and v.replica_grouping.group_size > 1:

@@ -203,6 +203,7 @@ def _updater(opname: str, op_type: str, m: Tensor, v: Tensor, weight: Optional[T
     out_dtype = m.dtype
     if wd_on:
         check_tensor(weight, opname, "weight")
+        _check_float(weight, opname, "weight")
         if weight.shape != m.shape:
             raise ValueError(f"{opname}: 'weight' '{weight.id}' {weight.shape} must have the "
                              f"shape of the accumulators {m.shape}")
