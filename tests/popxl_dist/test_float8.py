@@ -313,3 +313,47 @@ def test_replicated_float8_io_groups_remote_and_rts(replicas):
     np.testing.assert_array_equal(got[gv], f8(gcodes, "float8_152"))
     np.testing.assert_array_equal(got[rv], f8(ref_encode(rdata, "float8_143"), "float8_143"))
     np.testing.assert_array_equal(got[rts], f8(ref_encode(rts_data, "float8_143"), "float8_143"))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_float8_views_and_data_movement_keep_the_codes(name):
+    """float8 tensors are bytes on the device: slices (in place or not), dynamic slices,
+    reshapes, transposes, gathers, subsamples and concatenations move the codes exactly, so
+    the result equals the same NumPy indexing of the host float8 data; concatenating the two
+    float8 formats is refused as upstream."""
+    d = DTYPES[name]
+    rng = np.random.default_rng(4)
+    data = host_pow2scale_cast_to_fp8(rng.normal(size=(4, 6, 2)) * 4, d)
+    other = host_pow2scale_cast_to_fp8(rng.normal(size=(4, 6, 2)), d)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(data, d, "t")
+        u = popxl.variable(other, name="u")            # float8 from the structured dtype
+        results = {
+            "slice": ops.slice(t, 1, 3, axis=0),
+            "slice_": ops.slice_(t, 2, 6, 2, axis=1),
+            "dynamic_slice": ops.dynamic_slice(t, popxl.constant(np.uint32([2])), [1], [3],
+                                               True),
+            "reshape": ops.reshape(t, (8, 6)),
+            "transpose": ops.transpose(t, (2, 0, 1)),
+            "gather": ops.gather(t, popxl.constant(np.int32([3, 0]))),
+            "subsample": ops.subsample(t, [2, 3]),
+            "concat": ops.concat([t, u], 1),
+        }
+        streams = {k: popxl.d2h_stream(v.shape, v.dtype, k) for k, v in results.items()}
+        for k, v in results.items():
+            ops.host_store(streams[k], v)
+        alt = popxl.variable(host_pow2scale_cast_to_fp8(np.ones(2), DTYPES[
+            "float8_152" if name == "float8_143" else "float8_143"]), name="alt")
+        with pytest.raises(TypeError, match="^All inputs to a concat operation must have the "
+                                            "same type"):
+            ops.concat([ops.reshape(t, (-1,))[:2], alt])
+    want = {"slice": data[1:3], "slice_": data[:, 2:6:2], "dynamic_slice": data[:, 2:5],
+            "reshape": data.reshape(8, 6), "transpose": data.transpose(2, 0, 1),
+            "gather": data[[3, 0]], "subsample": data[::2, ::3],
+            "concat": np.concatenate([data, other], 1)}
+    with popxl.Session(ir, "ipu_hw") as sess:
+        res = sess.run()
+    for k, w in want.items():
+        assert res[streams[k]].dtype == NP8[name], k
+        np.testing.assert_array_equal(res[streams[k]], w, err_msg=k)

@@ -168,7 +168,9 @@ def case_gathered_variables(R: int) -> list:
                 errs.append(f"{kind}: the gathered / loaded values differ")
         lines = [ln for ln in printed.getvalue().splitlines() if ln.startswith("f8:")]
         wants = [f"f8: [{' '.join(str(c) for c in d.view(np.uint8))}]" for d in (want, new)]
-        if lines != [wants[0]] * R + [wants[1]] * R:     # each run, every replica
+        p = ir._data.instance            # a popdist instance prints its own replicas' lines
+        n = R if p is None else p.local
+        if lines != [wants[0]] * n + [wants[1]] * n:     # each run, every replica
             errs.append(f"{kind}: print_tensor printed {lines}, want {wants} for each replica")
     return errs
 
