@@ -34,7 +34,7 @@ def _norm_key(key: Key) -> str:
         raise TypeError(f"DotTree keys must be str or int, got {key!r}")
     if isinstance(key, int):
         if key < 0:
-            raise ValueError("Numerical key cannot be negative")
+            raise ValueError(f"Numerical key cannot be negative: {key}")
         return str(key)
     if not isinstance(key, str):
         raise TypeError(f"DotTree keys must be str or int, got {type(key).__name__}")
@@ -96,16 +96,24 @@ class DotTree(Generic[LEAF]):
 
     # --- lookup ------------------------------------------------------------------------
     def _resolve_part(self, part: Key) -> str:
+        """The map key of one path part; numeric parts (ints, or digit strings) must exist,
+        negative ones counting back from the largest numeric key (upstream's KeyErrors)."""
         if isinstance(part, int) and not isinstance(part, bool):
+            existing = list(self._map)
             if part < 0:
                 nums = [int(k) for k in self._map if k.isdigit()]
-                if not nums:
-                    raise KeyError(f"Key does not exist: {part}. Available keys: "
-                                   f"{list(self._map)}")
-                part = max(nums) + 1 + part
-                if part < 0:
-                    raise KeyError(f"Key does not exist: {part}. Available keys: "
-                                   f"{list(self._map)}")
+                top = max(nums) if nums else -1
+                pos = top + 1 + part
+                if pos < 0:
+                    raise KeyError(f"Negative numerical key does not exist: {part}. Max numerical "
+                                   f"key: {top}. Available keys: {existing}")
+                if str(pos) not in self._map:
+                    raise KeyError(f"Negative numerical key does not exist: {part}. Equivalent "
+                                   f"positive key: {pos}. Available keys: {existing}")
+                return str(pos)
+            if str(part) not in self._map:
+                raise KeyError(f"Numerical key does not exist: {part}. Available keys: "
+                               f"{existing}")
             return str(part)
         return part
 
@@ -114,9 +122,11 @@ class DotTree(Generic[LEAF]):
         count from the largest numeric key)."""
         parts: List[Key] = [key] if isinstance(key, int) else str(key).split(".")
         node: Any = self
-        for p in parts:
+        for i, p in enumerate(parts):
             if not isinstance(node, DotTree):
-                raise KeyError(f"Key does not exist: {key}. '{p}' is below a leaf")
+                raise KeyError(f"Key exists ({parts[i - 1]}) but is not a sub-DotTree of type "
+                               f"{type(self)} and therefore you cannot access the sub-key: "
+                               f"{parts[i:]}.")
             if isinstance(p, str) and p.lstrip("-").isdigit():
                 p = int(p)
             name = node._resolve_part(p)
@@ -167,7 +177,7 @@ class DotTree(Generic[LEAF]):
         """A new tree holding only `keys` (dotted keys allowed)."""
         keys = [str(k) for k in keys]
         if len(set(keys)) != len(keys):
-            raise ValueError(f"filter_keys: duplicate keys in {keys}")
+            raise ValueError(f"`keys` cannot contain duplicate values. (filter_keys: {keys})")
         new = type(self)()
         for k in keys:
             v = self.get(k)

@@ -5,14 +5,16 @@ PopXL is built on PopART; programs reach it for its exceptions (`except popart.p
 its version, `SessionOptions` (via `ir._pb_ir.getSessionOptions()`) and the enums those options
 take. This package provides exactly those, plus `popart._internal.ir`, the small view of the IR
 that popxl_addons-style code inspects (op classes for `isinstance`, graph ids, expected
-connections). It is not PopART: there is no ONNX builder, no `InferenceSession`/`TrainingSession`
-and no device manager; `popxl.Session` runs programs.
+connections), and `DataType`. It is not PopART: there is no ONNX builder and no device manager;
+`InferenceSession` / `TrainingSession` exist so that programs importing them load, and raise
+NotImplementedError when constructed: `popxl.Session` runs programs.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 from ._device import DeviceInfo, DeviceType
+from ._internal._types import DataType
 from ._errors import (OutOfMemoryException, popart_exception, popart_internal_exception,
                       poplar_application_runtime_error, poplar_exception,
                       poplar_recoverable_runtime_error, poplar_runtime_error,
@@ -36,7 +38,8 @@ __all__ = [
     "ExecutionPhaseSchedule", "MeanReductionStrategy", "Instrumentation", "DotCheck",
     "PatternsLevel", "CollectiveOperator", "TensorLocation", "TensorLocationSettings",
     "OptimizerValue", "PyWeightsIO", "DeviceInfo", "DeviceType", "CommGroup", "CommGroupType",
-    "TileSet", "ExecutionContext", "VariableSettings", "VariableRetrievalMode",
+    "TileSet", "ExecutionContext", "VariableSettings", "VariableRetrievalMode", "DataType",
+    "InferenceSession", "TrainingSession",
 ]
 
 # The PopART release whose PopXL API the emulator follows (see the references).
@@ -62,6 +65,27 @@ def versionNumber() -> VersionNumber:
 def packageHash() -> str:
     """Upstream returns the PopART build's git hash; here it names the emulator."""
     return "popxl-dist"
+
+
+class _OnnxSession:
+    """PopART's ONNX sessions are not part of the emulator (it runs PopXL programs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            f"popart.{type(self).__name__}: popxl-dist emulates PopXL programs, which run with "
+            f"popxl.Session; PopART's ONNX sessions (popart.Builder models) are not emulated")
+
+    @classmethod
+    def createFromOnnxModel(cls, *args: Any, **kwargs: Any) -> "_OnnxSession":
+        return cls(*args, **kwargs)
+
+
+class InferenceSession(_OnnxSession):
+    """Upstream `popart.InferenceSession` (an ONNX model's inference session): not emulated."""
+
+
+class TrainingSession(_OnnxSession):
+    """Upstream `popart.TrainingSession` (an ONNX model's training session): not emulated."""
 
 
 # Classes popxl defines and PopART exports too: resolved on first use so that importing popart

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 from popart import SessionOptions
-from popart._internal._types import GraphId, OperatorIdentifier
+from popart._internal._types import DataType, GraphId, OperatorIdentifier, Patterns, TensorType
 
 from ._ir.records import Op, TensorKind
 
@@ -24,30 +24,68 @@ __all__ = ["PbIr", "PbGraph", "PbOp", "PbTensor", "PbTensorInfo", "PbSession", "
            "PbReplicaGrouping",
            "op_class", "op_view", "SessionOptions"]
 
-# ONNX ops keep their domain and (PopART default opset) version in `op.str()`; the rest are
-# Graphcore ops, version 1.
+# ONNX ops keep their domain and the opset version upstream's builders give them in `op.str()`;
+# the rest are Graphcore ops, version 1.
 _ONNX_VERSIONS = {
-    "Abs": 6, "Add": 7, "And": 7, "ArgMax": 11, "ArgMin": 11, "AveragePool": 11,
-    "BatchNormalization": 9, "Cast": 9, "Ceil": 6, "Clip": 11, "Concat": 11, "Conv": 11,
-    "ConvTranspose": 11, "Cos": 7, "CumSum": 11, "Div": 7, "Dropout": 10, "Equal": 11, "Exp": 6,
-    "Floor": 6, "Gather": 11, "Greater": 9, "Identity": 1, "If": 11, "IsInf": 10, "IsNaN": 9,
-    "Log": 6, "Loop": 11, "MatMul": 9, "Max": 8, "MaxPool": 11, "Min": 8, "Mul": 7, "Neg": 6,
-    "Not": 1, "OneHot": 11, "Or": 7, "Pow": 7, "ReduceL1": 11, "ReduceL2": 11,
-    "ReduceLogSum": 11, "ReduceLogSumExp": 11, "ReduceMax": 11, "ReduceMean": 11,
-    "ReduceMin": 11, "ReduceProd": 11, "ReduceSum": 11, "ReduceSumSquare": 11, "Relu": 6,
-    "Reshape": 5, "Resize": 11, "RoiAlign": 10, "Scatter": 11, "ScatterElements": 11, "Sign": 9,
-    "Sin": 7, "Slice": 11, "Softmax": 11, "Split": 11, "Sqrt": 6, "Sub": 7, "Sum": 8, "Tanh": 6,
-    "TopK": 11, "Transpose": 1, "Where": 9,
+    "Abs": 6, "Add": 6, "And": 7, "ArgMax": 11, "ArgMin": 11, "AveragePool": 11,
+    "BatchNormalization": 9, "Cast": 9, "Ceil": 1, "Clip": 6, "Concat": 11, "Conv": 11,
+    "ConvTranspose": 11, "Cos": 7, "CumSum": 11, "Div": 7, "Dropout": 10, "Equal": 7, "Exp": 6,
+    "Floor": 6, "Gather": 1, "Greater": 9, "Identity": 1, "If": 11, "IsInf": 10, "IsNaN": 9,
+    "Log": 6, "Loop": 11, "MatMul": 9, "Max": 6, "MaxPool": 11, "Min": 8, "Mul": 7, "Neg": 6,
+    "Not": 1, "OneHot": 9, "Or": 7, "Pow": 7, "RandomNormal": 1, "RandomUniform": 1,
+    "ReduceL1": 1, "ReduceL2": 1, "ReduceLogSum": 1, "ReduceLogSumExp": 1, "ReduceMax": 1,
+    "ReduceMean": 1, "ReduceMin": 1, "ReduceProd": 1, "ReduceSum": 1, "ReduceSumSquare": 1,
+    "Relu": 6, "Reshape": 5, "RoiAlign": 10, "Scatter": 11, "ScatterElements": 11, "Sign": 9,
+    "Sin": 7, "Slice": 11, "Softmax": 11, "Split": 2, "Sqrt": 6, "Sub": 7, "Sum": 8, "Tanh": 6,
+    "TopK": 1, "Transpose": 1, "Where": 9,
 }
+# popxl.addons' C++ ops that upstream registers in their own domain
+_ADDONS_DOMAIN_TYPES = frozenset({"LinearLayout", "SparseMatmul", "Fp8Scale"})
 _SUBGRAPH_TYPES = ("Call", "Loop", "If")
-# upstream class names that are not `<opType>Op`
-_CLASS_TO_TYPE = {"NegateOp": "Neg", "ReluInplaceOp": "ReluInplace", "IpuCopyOp": "IpuCopy"}
+
+# Where upstream's lowering differs from the emulator's op type: emulator type -> (upstream's
+# `opType()`, upstream's `_ir.op` class). Every other type T is upstream's T, class `TOp`.
+_UPSTREAM_OPS = {
+    "Sub": ("Sub", "SubtractOp"),
+    "Neg": ("Neg", "NegateOp"),
+    "GroupNormalization": ("GroupNormalization", "GroupNormOp"),
+    "GroupNormalizationGrad": ("GroupNormalizationGrad", "GroupNormGradOp"),
+    "BatchNormalization": ("BatchNormalization", "BatchNormOp"),
+    "BatchNormalizationGrad": ("BatchNormalizationGrad", "BatchNormGradOp"),
+    "OneHot": ("OneHot", "OnehotOp"),
+    "OneHotGrad": ("OneHotGrad", "OnehotGradOp"),
+    "IsInf": ("IsInf", "IsInf"),
+    "IsNaN": ("IsNaN", "IsNaN"),
+    # upstream has one updater op whose mode says Adam, AdaMax or Lamb
+    "AdaMaxUpdater": ("AdamUpdater", "AdamUpdaterOp"),
+    "LambUpdater": ("AdamUpdater", "AdamUpdaterOp"),
+    "SparseAccumulate": ("PopartSparseAccumulate", "SparseAccumulateOp"),
+    "TiedGather": ("PopartTiedGather", "TiedGatherOp"),
+    "ScatterValuesGrad": ("ScatterUpdateGrad", "ScatterUpdateGradOp"),
+    "ScatterReduceGrad": ("ScatterReduceGradOp", "ScatterReduceGradOp"),
+    "ScatterReduceInitGrad": ("ScatterReduceGradOp", "ScatterReduceGradOp"),
+    "CrossEntropyShardedWRGrad": ("CrossEntropyShardedGradWR", "CrossEntropyShardedGradWROp"),
+    "DenseConstSparseMatMul": ("SparseMatmul", "DenseSparseMatMulOp"),
+}
+# upstream class name -> upstream op type, for the classes not named `<opType>Op`
+_CLASS_TO_TYPE = {cls: up for up, cls in _UPSTREAM_OPS.values()}
+_CLASS_TO_TYPE.update({"ReluInplaceOp": "ReluInplace", "IpuCopyOp": "IpuCopy"})
+
+
+def upstream_op_type(op_type: str) -> str:
+    """The `opType()` upstream's lowering gives an op of the emulator's type `op_type`."""
+    up = _UPSTREAM_OPS.get(op_type)
+    return up[0] if up is not None else op_type
 
 
 def operator_identifier(op_type: str) -> OperatorIdentifier:
-    if op_type in _ONNX_VERSIONS:
-        return OperatorIdentifier("ai.onnx", op_type, _ONNX_VERSIONS[op_type])
-    return OperatorIdentifier("ai.graphcore", op_type, 1)
+    """`domain.type:version` of an op of the emulator's type `op_type`, as upstream's."""
+    t = upstream_op_type(op_type)
+    if t in _ONNX_VERSIONS:
+        return OperatorIdentifier("ai.onnx", t, _ONNX_VERSIONS[t])
+    if t in _ADDONS_DOMAIN_TYPES:
+        return OperatorIdentifier("popxl.addons.ops", t, 1)
+    return OperatorIdentifier("ai.graphcore", t, 1)
 
 
 # --- tensors -------------------------------------------------------------------------------
@@ -63,9 +101,10 @@ class PbTensorInfo:
     def metaShape(self) -> List[int]:
         return list(self._info.meta_shape)
 
-    def dataType(self) -> str:
-        """The data type in PopART's spelling (FLOAT, FLOAT16, INT32, ...)."""
-        return self._info.dtype._pb_dtype
+    def dataType(self) -> DataType:
+        """The data type as PopART's `DataType` (FLOAT, FLOAT16, INT32, ...; equal to its name
+        as a string)."""
+        return DataType(self._info.dtype._pb_dtype)
 
     def nelms(self) -> int:
         return self._info.nelms
@@ -96,9 +135,10 @@ class PbTensor:
     def info(self) -> PbTensorInfo:
         return PbTensorInfo(self._info)
 
-    def tensorType(self) -> str:
-        """"ActGrad" for op outputs and graph inputs, else "Variable", "Const" or "Stream"."""
-        return _TENSOR_TYPES.get(self._info.kind, "ActGrad")
+    def tensorType(self) -> TensorType:
+        """`TensorType.ActGrad` for op outputs and graph inputs, else Variable, Const or Stream
+        (equal to their names as strings)."""
+        return TensorType(_TENSOR_TYPES.get(self._info.kind, "ActGrad"))
 
     def getGraph(self) -> "PbGraph":
         return PbGraph(self._graph)
@@ -177,7 +217,15 @@ class PbOp:
         return OpSettings(self._op)
 
     def opType(self) -> str:
-        return self._op.type
+        """The op type as upstream names it (e.g. "Sub", "GroupNormalization", "AdamUpdater")."""
+        return upstream_op_type(self._op.type)
+
+    def modifiesIndex(self, index: int) -> bool:
+        """Whether the op writes input `index` in place (in-place ops, and calls / loops whose
+        callee modifies that input)."""
+        from ._ir.surgery import modified_inputs
+
+        return index in modified_inputs(self._graph.ir._data.graphs, self._op)
 
     def getName(self) -> str:
         return self._op.name
@@ -277,10 +325,11 @@ _OP_CLASSES: Dict[str, type] = {"SubgraphOp": SubgraphOp, "Op": PbOp}
 
 
 def op_class(name: str) -> type:
-    """The view class `_ir.op.<name>` (e.g. "CallOp", "MatMulOp"), created on first use."""
+    """The view class `_ir.op.<name>` (e.g. "CallOp", "MatMulOp", "SubtractOp"), created on
+    first use."""
     cls = _OP_CLASSES.get(name)
     if cls is None:
-        if not name.endswith("Op") or not name[:-2]:
+        if name not in _CLASS_TO_TYPE and (not name.endswith("Op") or not name[:-2]):
             raise AttributeError(f"popart._internal.ir.op has no attribute '{name}' (op classes "
                                  f"are named <OpType>Op, e.g. MatMulOp)")
         op_type = _CLASS_TO_TYPE.get(name, name[:-2])
@@ -291,12 +340,11 @@ def op_class(name: str) -> type:
     return cls
 
 
-_TYPE_TO_CLASS = {v: k for k, v in _CLASS_TO_TYPE.items()}
-
-
 def op_view(graph: "Graph", op: Op) -> PbOp:
-    """The upstream-shaped view of `op` (an instance of `_ir.op.<Type>Op`)."""
-    return op_class(_TYPE_TO_CLASS.get(op.type, f"{op.type}Op"))(graph, op)
+    """The upstream-shaped view of `op` (an instance of its upstream class, `_ir.op.<Type>Op`
+    for most types)."""
+    up = _UPSTREAM_OPS.get(op.type)
+    return op_class(up[1] if up is not None else f"{op.type}Op")(graph, op)
 
 
 # --- graphs --------------------------------------------------------------------------------
@@ -426,6 +474,35 @@ class PbIr:
 
     def getSessionOptions(self) -> SessionOptions:
         return self._ir._session_opts()
+
+    def setPatterns(self, patterns: Patterns) -> None:
+        """The patterns `applyPreAliasPatterns` applies (upstream `Ir.setPatterns`)."""
+        if not isinstance(patterns, Patterns):
+            raise TypeError(f"setPatterns: expected a popart._internal.ir.patterns.Patterns, got "
+                            f"{type(patterns).__name__}")
+        self._ir._patterns = patterns
+
+    def getPatterns(self) -> Patterns:
+        patterns = getattr(self._ir, "_patterns", None)
+        if patterns is None:
+            patterns = self._ir._patterns = Patterns()
+        return patterns
+
+    def applyPreAliasPatterns(self, graph: "PbGraph") -> None:
+        """Apply the pre-alias patterns of `getPatterns()` to `graph`: OpToIdentity (the
+        `*_identical_inputs` all-reduces become identities) when it is enabled; the other
+        pre-alias patterns do not change what the emulator computes."""
+        from .transforms.patterns import apply_pre_alias_patterns
+
+        if self.getPatterns().isPatternEnabled("OpToIdentity"):
+            apply_pre_alias_patterns(graph._graph, "default")
+
+    def applyInplacePattern(self, graph: "PbGraph") -> None:
+        """Upstream replaces ops by their in-place variants where that is safe; the emulator's
+        results and memory plan do not depend on it, so the graph is left as it is."""
+        if not isinstance(graph, PbGraph):
+            raise TypeError(f"applyInplacePattern: expected a graph view, got "
+                            f"{type(graph).__name__}")
 
     def getAllGraphs(self) -> List[PbGraph]:
         return [PbGraph(self._ir._graph(g)) for g in self._ir._data.graphs]

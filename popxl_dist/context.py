@@ -76,8 +76,9 @@ class Context:
     def push_graph(self, g: "Graph") -> None:
         if self.graphs and self.graphs[-1].ir is not g.ir:
             raise RuntimeError(
-                f"Cannot enter graph '{g.id}' of {g.ir!r} while a graph of "
-                f"{self.graphs[-1].ir!r} is the current graph")
+                f"Trying to a create a context manager nested in another context, when the "
+                f"previous context's Ir is different. {self.graphs[-1].ir} != {g.ir} (graph "
+                f"'{g.id}' entered while a graph of another Ir is the current graph)")
         self.graphs.append(g)
 
     def pop_graph(self) -> None:
@@ -107,8 +108,7 @@ class Context:
 
     def remove_op_created_hook(self, handle: int) -> None:
         if handle not in self._hooks:
-            raise ValueError(f"remove_op_created_hook: no hook is registered with handle "
-                             f"{handle!r}")
+            raise ValueError(f"Unknown op created hook {handle}")
         del self._hooks[handle]
 
     def _op_created(self, op) -> None:
@@ -169,9 +169,11 @@ def in_sequence(mode: Union[bool, str] = True) -> Iterator[None]:
     `mode` is True, False (no order among the block's ops) or "pass" (keep the enclosing
     mode). Usable as a decorator too.
     """
-    if mode is None or not isinstance(mode, (bool, str)) or (
-            isinstance(mode, str) and mode != "pass"):
-        raise TypeError(f"in_sequence: `mode` must be True, False or 'pass', got {mode!r}")
+    if mode is None:
+        raise TypeError("`None` cannot be passed to `in_sequence`. Try `False` instead.")
+    if not isinstance(mode, (bool, str)) or (isinstance(mode, str) and mode != "pass"):
+        raise ValueError(f"`in_sequence` mode not understood: {mode}. Must be one of `True`, "
+                         f"`False`, `'pass'`.")
     _CONTEXT.in_sequence_stack.append(mode)
     try:
         yield

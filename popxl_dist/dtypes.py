@@ -169,6 +169,18 @@ _UINT8 = np.dtype(np.uint8)
 
 
 def storage_numpy(d: dtype) -> np.dtype:
-    """The NumPy dtype arrays of `d` are held in by the engine and on the host: `as_numpy()`,
-    except float8, whose values are uint8 codes (upstream's host representation)."""
+    """The NumPy dtype arrays of `d` are held in by the engine: `as_numpy()`, except float8,
+    whose values are held as their uint8 codes."""
     return _UINT8 if d in FLOAT8_DTYPES else d.as_numpy()
+
+
+def host_view(arr: np.ndarray, d: dtype) -> np.ndarray:
+    """`arr` (held in `storage_numpy(d)`) as the user sees it: float8 codes as an array of the
+    structured float8 dtype (a view, as upstream's host arrays are), other dtypes unchanged."""
+    return arr.view(d.as_numpy()) if d in FLOAT8_DTYPES else arr
+
+
+def storage_view(arr: np.ndarray, d: dtype) -> np.ndarray:
+    """The inverse of `host_view`: float8 data of `d`'s structured dtype as a uint8 view of its
+    codes (arrays of other dtypes unchanged)."""
+    return arr.view(_UINT8) if d in FLOAT8_DTYPES and arr.dtype == d.as_numpy() else arr

@@ -6,12 +6,24 @@ popart.popart_exception` catches them as it does upstream; they are also `Runtim
 """
 from popart import popart_exception
 
-__all__ = ["UndefinedValue", "popart_exception", "EngineError", "WorkerError", "WorkerDied",
-           "InstanceFailed", "CollectiveTimeout", "SessionFailed", "RunAborted"]
+__all__ = ["UndefinedValue", "popart_exception", "OpSetupError", "OpSetupTypeError",
+           "EngineError", "WorkerError", "WorkerDied", "InstanceFailed", "CollectiveTimeout",
+           "SessionFailed", "RunAborted"]
 
 
 class UndefinedValue(ValueError):
     """A tensor attribute (such as its ipu) has no defined value."""
+
+
+class OpSetupError(popart_exception, ValueError):
+    """An op PopART refuses when it sets the op up (upstream: a `popart_exception` from the
+    builder, e.g. a matmul whose contracting dimensions differ); also a ValueError, as the
+    emulator raised these before."""
+
+
+class OpSetupTypeError(popart_exception, TypeError):
+    """An op PopART refuses for its operands' dtypes (a `popart_exception` upstream); also a
+    TypeError."""
 
 
 class EngineError(popart_exception):

@@ -20,8 +20,8 @@ class Graph:
     """A graph of an Ir. Created only through `Ir.main_graph`, `Ir.create_graph` and friends."""
 
     def __init__(self) -> None:
-        raise TypeError("Graph cannot be constructed directly: use ir.create_graph(...) or "
-                        "ir.create_empty_graph(...)")
+        raise TypeError("Cannot create popxl.graph.Graph instances using the constructor. "
+                        "(Use ir.create_graph(...) or ir.create_empty_graph(...).)")
 
     @classmethod
     def _from_pb(cls, pb_graph) -> "Graph":
@@ -52,7 +52,12 @@ class Graph:
         return self._ir.main_graph
 
     def __eq__(self, value: object) -> bool:
-        return isinstance(value, Graph) and value._data is self._data
+        """Graph equality (the same graph of the same Ir); TypeError for a non-Graph, as
+        upstream."""
+        if not isinstance(value, Graph):
+            raise TypeError(f"Value must be of type popxl.Graph. Value: {value}. Type: "
+                            f"{type(value)}")
+        return value._data is self._data
 
     def __hash__(self) -> int:
         return hash((self._data.id, id(self._ir)))
@@ -123,8 +128,16 @@ class Graph:
         return self._tensor(tensor_id)
 
     def __contains__(self, value) -> bool:
-        tid = value if isinstance(value, str) else getattr(value, "id", None)
-        return tid in self._data.tensors
+        """Whether the Tensor `value` is in this graph (popxl-dist extension: or a tensor id);
+        TypeError for anything else, as upstream."""
+        if isinstance(value, str):
+            return value in self._data.tensors
+        from .tensor import Tensor
+
+        if not isinstance(value, Tensor):
+            raise TypeError(f"Value must be of type popxl.Tensor. Value: {value}. Type: "
+                            f"{type(value)}")
+        return value.id in self._data.tensors
 
     @property
     def _by_ref_inputs(self) -> set:

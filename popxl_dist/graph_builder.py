@@ -17,6 +17,9 @@ def _graph_name(fn: Callable) -> Tuple[str, Callable]:
 
     if isinstance(fn, Module):
         return type(fn).__qualname__.replace(".<locals>", ""), fn.build
+    if not callable(fn):
+        raise TypeError("Callable `fn` must be either a function or a class that extends "
+                        f"popxl.Module (got {type(fn).__name__})")
     qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     return qual.replace(".<locals>", ""), fn
 
@@ -39,7 +42,8 @@ def _as_input(value: Any, name: str, by_ref: bool) -> Any:
     if isinstance(value, (list, tuple)) and value:
         is_t = [isinstance(v, (Tensor, TensorSpec)) for v in value]
         if any(is_t) and not all(is_t):
-            raise TypeError(f"create_graph: argument '{name}' mixes tensors and non-tensors")
+            raise TypeError(f"A {type(value)} argument can't contain a mixture of Tensors and "
+                            f"other types. Arg name: {name}. Value: {value}")
         if all(is_t):
             return type(value)(_as_input(v, f"{name}_{i}", by_ref) for i, v in enumerate(value))
     return value
@@ -60,8 +64,9 @@ def build_graph(ir: "Ir", fn: Callable, args: tuple, kwargs: dict) -> "Graph":
             try:
                 bound = sig.bind(*args, **kwargs)
             except TypeError as e:
-                raise ValueError(f"create_graph: the arguments given for '{name}' do not match "
-                                 f"the signature {sig}: {e}") from None
+                raise ValueError(f"The arguments, `args` and `kwargs`, do not match the "
+                                 f"signature of the function `fn`. (create_graph: '{name}' "
+                                 f"{sig}: {e})") from e
             # Defaults fill the gaps, so that an argument given by keyword after a defaulted
             # one is not passed on positionally into the defaulted parameter.
             bound.apply_defaults()
@@ -87,10 +92,11 @@ def build_graph(ir: "Ir", fn: Callable, args: tuple, kwargs: dict) -> "Graph":
             try:
                 outs = tuple(out)
             except TypeError:
-                raise TypeError(f"create_graph: '{name}' must return None, a Tensor or an "
-                                f"iterable of Tensors, got {type(out).__name__}") from None
+                outs = None
+        if outs is None or not all(isinstance(o, Tensor) for o in outs):
+            raise ValueError(f"Output of subgraph must be None, a Tensor or an iterable of "
+                             f"Tensors. Output type: {type(out)}. Value {out} (create_graph: "
+                             f"'{name}')")
         for o in outs:
-            if not isinstance(o, Tensor):
-                raise TypeError(f"create_graph: '{name}' returned {o!r}, which is not a Tensor")
             graph_output(o)
     return g

@@ -188,6 +188,9 @@ class Ir:
         return self._id
 
     def __eq__(self, value: object) -> bool:
+        if not isinstance(value, Ir):
+            raise TypeError(f"Value must be of type popxl.Ir. Type: {type(value)}. Value: "
+                            f"{value}.")
         return value is self
 
     def __hash__(self) -> int:

@@ -25,6 +25,11 @@ __all__ = ["RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_s
            "replica_sharded_variable", "replica_sharded_buffer", "check_variables_fit_buffers"]
 
 
+def _check_entries(entries) -> None:
+    if isinstance(entries, bool) or not isinstance(entries, int) or entries < 1:
+        raise ValueError(f"Entries must be a non-zero, positive integer. Got {entries}")
+
+
 class RemoteBuffer:
     """`entries` slots of `tensor_shape` / `tensor_dtype` per replica, in streaming memory.
 
@@ -32,6 +37,7 @@ class RemoteBuffer:
     """
 
     def __init__(self, tensor_shape: Tuple[int, ...], tensor_dtype: dtypes.dtype, entries: int):
+        _check_entries(entries)
         ir = gcg().ir
         data = ir._data
         self._ir = ir
@@ -57,8 +63,7 @@ class RemoteBuffer:
     def set_remote_buffer_info(self, tensor_dtype: dtypes.dtype, tensor_shape: Tuple[int, ...],
                                entries: int) -> None:
         """Change the buffer's dtype, shape and number of entries (before a Session exists)."""
-        if not isinstance(entries, int) or entries < 1:
-            raise ValueError(f"RemoteBuffer: entries must be an int >= 1, got {entries!r}")
+        _check_entries(entries)
         shape = tuple(int(d) for d in tensor_shape)
         if any(d < 0 for d in shape):
             raise ValueError(f"RemoteBuffer: tensor_shape must be non-negative, got {shape}")
@@ -84,8 +89,7 @@ class RemoteBuffer:
 
     @entries.setter
     def entries(self, value: int) -> None:
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"RemoteBuffer: entries must be an int >= 1, got {value!r}")
+        _check_entries(value)
         self._check_mutable("entries")
         self._record["entries"] = value
 
@@ -306,7 +310,8 @@ def replica_sharded_variable(data: HostTensor, dtype: Optional[dtypes.dtype] = N
     arr, d = _host_array(data, dtype, downcast, "replica_sharded_variable", log2_scale,
                          nan_on_overflow)
     buf = replica_sharded_buffer(arr.shape, d, replica_grouping, shard_over)
-    var = remote_replica_sharded_variable(arr, buf, 0, d if d in dtypes.FLOAT8_DTYPES else None,
+    var = remote_replica_sharded_variable(dtypes.host_view(arr, d), buf, 0,
+                                          d if d in dtypes.FLOAT8_DTYPES else None,
                                           name, downcast, replica_grouping, retrieval_mode)
     with _execution_context("WeightsFromHostFragment"):
         shard = ops.remote_load(buf, 0, f"{name or var.name}_rts")

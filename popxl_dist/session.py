@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import weakref
 from typing import Dict, Iterable, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 
 from ._ir.records import TensorKind
-from .dtypes import FLOAT8_DTYPES, storage_numpy
+from .dtypes import FLOAT8_DTYPES, host_view, storage_numpy, storage_view
 from .engine.compile import stream_slots
 from .remote_buffer import check_variables_fit_buffers
 from .runtime import create_runtime
 from .session_checks import (as_stream_mapping, check_output_array, check_store_counts,
-                             checked_downcast, read_only, session_failed)
+                             checked_downcast, number_as, read_only, session_failed)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
@@ -99,6 +100,7 @@ class Session:
         check_store_counts(ir._data, stream_slots(ir._data)[1])
         ir._prepared = True
         data = ir._data
+        data.floating_point_checks = bool(ir._session_opts().enableFloatingPointChecks)
         main = data.main
         self._variables = {t: i for t, i in main.tensors.items() if i.kind == TensorKind.VARIABLE}
         self._host_weights: Dict[str, np.ndarray] = {
@@ -206,7 +208,7 @@ class Session:
         return set(self._expected)
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
-        return {s: np.empty(self._full_input_shape(s.shape), storage_numpy(s.dtype))
+        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy())
                 for s in self._d2h}
 
     def _as_transfers(self, stream, arr: np.ndarray, is_input: bool) -> np.ndarray:
@@ -277,8 +279,8 @@ class Session:
         out_arrays = []
         for s in self._d2h:
             o = outputs[s]
-            check_output_array(s.tensor_id, o, storage_numpy(s.dtype), s.dtype.name)
-            out_arrays.append(self._as_transfers(s, o, False))
+            check_output_array(s.tensor_id, o, s.dtype.as_numpy(), s.dtype.name)
+            out_arrays.append(self._as_transfers(s, storage_view(o, s.dtype), False))
         self._out_of_sync = True
         self._on_device("Session.run", self._runtime.run, in_arrays, out_arrays)
 
@@ -382,8 +384,8 @@ class Session:
 
     def _check_tensor(self, t) -> None:
         if not isinstance(t, (Variable, Constant)):
-            raise TypeError(f"get_tensor_data: only Variables and Constants can be read, got "
-                            f"{t!r} (stream it out with ops.host_store instead)")
+            raise TypeError(f"{t} is not of type Constant or Variable. get_tensor_data is not "
+                            f"supported for this type. (Stream it out with ops.host_store.)")
         if t.ir is not self._ir:
             raise ValueError(f"get_tensor_data: tensor '{t.id}' belongs to another Ir")
 
@@ -406,8 +408,8 @@ class Session:
         if self._device_is_newer() and any(isinstance(t, Variable) for t in tensors):
             self._check_no_read_only_memmap("get_tensor_data")     # as upstream
             self._sync_to_host("get_tensor_data")
-        return {t: read_only(self._host_weights[t.id] if isinstance(t, Variable)
-                             else t._info.data)
+        return {t: read_only(host_view(self._host_weights[t.id] if isinstance(t, Variable)
+                                       else t._info.data, t.dtype))
                 for t in tensors}
 
     def _device_is_newer(self) -> bool:
@@ -434,7 +436,8 @@ class Session:
         updates = {}
         for v, data in tensors.items():
             if not isinstance(v, Variable):
-                raise TypeError(f"write_variable_data: only Variables can be written, got {v!r}")
+                raise TypeError(f"Tensor {getattr(v, 'id', v)} is not of type Variable. "
+                                f"write_variable_data is not supported for this type.")
             if v.ir is not self._ir:
                 raise ValueError(f"write_variable_data: variable '{v.id}' belongs to another Ir")
             if v.retrieval_mode == "all_replicas" and v.replica_grouping.group_size > 1:
@@ -445,25 +448,30 @@ class Session:
             if isinstance(host, np.memmap) and not host.flags.writeable:
                 raise ValueError(f"write_variable_data: variable '{v.id}' is backed by a "
                                  f"read-only memmap ({host.filename})")
-            want = storage_numpy(v.dtype)
-            float8 = v.dtype in FLOAT8_DTYPES
-            if isinstance(data, (int, float, bool, np.number)) and not isinstance(data, np.ndarray):
-                if float8:
-                    raise TypeError(f"write_variable_data: variable '{v.id}' is {v.dtype.name}: "
-                                    f"write an array of codes (host_pow2scale_cast_to_fp8), "
-                                    f"not a Python number")
-                arr = np.full(v.shape_on_host, data, dtype=want)
+            want = v.dtype.as_numpy()
+            if isinstance(data, numbers.Number):
+                if v.dtype in FLOAT8_DTYPES:
+                    raise TypeError(f"Data for variable {v.id} must be passed in as an np.array "
+                                    f"with dtype {want} (see "
+                                    f"popxl.fp8_utils.host_pow2scale_cast_to_fp8)")
+                arr = np.full(v.shape_on_host, number_as(v.id, data, want), dtype=want)
             else:
                 arr = to_numpy(data, copy=False, downcast=False)
-                if float8 and arr.dtype == v.dtype.as_numpy():
-                    arr = arr.view(want).reshape(arr.shape)
                 if arr.dtype != want:
-                    codes = " (uint8 codes)" if float8 else ""
-                    raise TypeError(f"write_variable_data: variable '{v.id}' has dtype "
-                                    f"{v.dtype.name}{codes}; got data of dtype {arr.dtype}")
+                    raise TypeError(
+                        f"The dtype of the input array {arr.dtype} must match the equivalent "
+                        f"type of the tensor {v.id} : {v.dtype}"
+                        + (f" (float8 data: host_pow2scale_cast_to_fp8(x, popxl.{v.dtype.name},"
+                           f" log2_scale), or codes.view({want}) for uint8 codes)"
+                           if v.dtype in FLOAT8_DTYPES else ""))
+                arr = storage_view(arr, v.dtype)
             if arr.shape != tuple(v.shape_on_host):
-                raise ValueError(f"write_variable_data: variable '{v.id}' expects host data of "
-                                 f"shape {tuple(v.shape_on_host)}, got {arr.shape}")
+                host = tuple(v.shape_on_host)
+                raise ValueError(
+                    f"The shape of the input array {arr.shape} must match the shape of the "
+                    f"tensor {v.id} : {v.shape}"
+                    + (f" (its host data has shape {host}: a leading axis for the replica "
+                       f"groups or replicas)" if host != tuple(v.shape) else ""))
             updates[v.id] = arr
         if self._device_is_newer():
             self._sync_to_host("write_variable_data")

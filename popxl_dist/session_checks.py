@@ -11,7 +11,7 @@ import numpy as np
 from .engine.transfers import store_shortfalls
 from .errors import SessionFailed
 
-__all__ = ["as_stream_mapping", "checked_downcast", "check_output_array", "check_store_counts",
+__all__ = ["as_stream_mapping", "checked_downcast", "number_as", "check_output_array", "check_store_counts",
            "read_only", "session_failed"]
 
 _INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.iinfo(np.uint32)}
@@ -51,6 +51,32 @@ def checked_downcast(stream_id: str, arr: np.ndarray, want: np.dtype) -> np.ndar
         if overflow.any():
             _raise_changed(stream_id, arr, arr[overflow].flat[0], want, "overflows")
     return out
+
+
+def number_as(tensor_id: str, value: Any, want: np.dtype):
+    """The Python or NumPy number `value` written to a variable of NumPy dtype `want` (filled
+    into its whole shape); a ValueError if the conversion would change it: a fraction, a value
+    out of range or a NaN/inf into an integer (or bool) type, a finite value that overflows a
+    float type. (Rounding to the float type's precision is not a change.)"""
+    if isinstance(value, (complex, np.complexfloating)) and want.kind != "c":
+        problem = "is complex"
+    elif want.kind in "biu":
+        try:
+            exact = float(value).is_integer() and np.asarray(value, want).item() == value
+        except (OverflowError, ValueError):
+            exact = False
+        problem = None if exact else "is not exactly representable"
+    elif want.kind == "f":
+        with np.errstate(over="ignore"):
+            converted = np.asarray(value).astype(want)
+        problem = ("overflows" if np.isinf(converted) and np.isfinite(value) else None)
+    else:
+        problem = None
+    if problem is not None:
+        raise ValueError(f"write_variable_data: the value {value!r} for variable {tensor_id} "
+                         f"{problem} in its dtype {want.name}: it would be stored as a different "
+                         f"value. Convert it yourself if that is intended.")
+    return np.asarray(value).astype(want)
 
 
 def _raise_changed(stream_id: str, arr: np.ndarray, value, want: np.dtype, how: str) -> None:

@@ -6,7 +6,7 @@ from typing import Optional
 from . import dtypes
 from ._ir.records import TensorKind
 from .context import gcg
-from .tensor import Tensor, TensorSpec, _new_tensor
+from .tensor import Tensor, TensorSpec, _new_tensor, check_shape
 
 __all__ = ["Stream", "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
 
@@ -15,7 +15,8 @@ class Stream:
     """A host stream: the main-graph tensor `host_load` reads or `host_store` writes."""
 
     def __init__(self, *a, **k):
-        raise NotImplementedError("Streams are created with popxl.h2d_stream / popxl.d2h_stream")
+        raise NotImplementedError("Cannot construct a popxl.Stream directly. Use `h2d_stream` "
+                                  "or `d2h_stream`.")
 
     @classmethod
     def _from_tensor(cls, tensor: Tensor) -> "Stream":
@@ -54,9 +55,11 @@ class DeviceToHostStream(Stream):
 
 
 def _make(cls, shape, dtype, name: str):
+    what = "h2d_stream" if cls is HostToDeviceStream else "d2h_stream"
+    shape = check_shape(shape, f"{what} '{name}'")
     main = gcg().ir.main_graph
     d = dtypes.dtype.as_dtype(dtype)
-    info = _new_tensor(main, name, tuple(shape), d, TensorKind.STREAM,
+    info = _new_tensor(main, name, shape, d, TensorKind.STREAM,
                        extra={"direction": "h2d" if cls is HostToDeviceStream else "d2h"})
     s = cls._from_tensor(main._tensor(info.id))
     main.ir._streams[info.id] = s

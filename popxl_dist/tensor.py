@@ -34,12 +34,25 @@ HostScalarTensor = Union[ScalarType, HostTensor]
 TILE_SET_MAP = {TileSet.Compute: "compute", TileSet.IO: "io", TileSet.Undefined: "undefined"}
 
 
+def check_shape(shape: Any, what: str) -> Tuple[int, ...]:
+    """`shape` as a tuple of ints: a tuple or list of non-negative ints (NumPy ints too);
+    TypeError for anything else (a bare int, None, floats), ValueError for negative sizes."""
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_))
+            for s in shape):
+        raise TypeError(f"{what}: shape must be a tuple or list of ints, got {shape!r}")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{what}: shape must not have negative sizes, got {tuple(shape)}")
+    return tuple(int(s) for s in shape)
+
+
 class TensorSpec(collections.abc.Mapping):
     """Shape, dtype and meta_shape of a tensor, without a tensor."""
 
     def __init__(self, shape: Tuple[int, ...], dtype: dtypes.dtype, meta_shape: Tuple[int, ...] = ()):
-        self._d = {"shape": tuple(int(s) for s in shape), "dtype": dtypes.dtype.as_dtype(dtype),
-                   "meta_shape": tuple(meta_shape or ())}
+        self._d = {"shape": check_shape(shape, "TensorSpec"),
+                   "dtype": dtypes.dtype.as_dtype(dtype),
+                   "meta_shape": check_shape(tuple(meta_shape or ()), "TensorSpec meta_shape")}
 
     shape = property(lambda self: self._d["shape"])
     dtype = property(lambda self: self._d["dtype"])
@@ -93,8 +106,8 @@ class Tensor:
     _tensor_types: Dict[str, type] = {}
 
     def __init__(self) -> None:
-        raise TypeError("Tensors are not constructed directly: use popxl ops, popxl.variable, "
-                        "popxl.constant or popxl.graph_input")
+        raise RuntimeError("popxl.Tensor cannot be constructed directly. Use popxl ops, "
+                           "popxl.variable, popxl.constant or popxl.graph_input.")
 
     def __init_subclass__(cls, tensor_type: Optional[str] = None, **kwargs: Any) -> None:
         """Register `cls` as the class of tensors of `tensor_type` (as upstream)."""
@@ -234,7 +247,7 @@ class Tensor:
 
     def diag(self) -> "Tensor":
         if self.rank != 2:
-            raise ValueError(f"diag: tensor '{self.id}' must be 2-D, got shape {self.shape}")
+            raise ValueError(f"Diag expected a 2d tensor. ('{self.id}' has shape {self.shape})")
         return self.flatten()[:: self.shape[1] + 1]
 
     def copy_to_ipu(self, destination: int, source: Optional[int] = None) -> "Tensor":
@@ -320,7 +333,7 @@ class Tensor:
 
     def __len__(self) -> int:
         if not self.shape:
-            raise ValueError(f"len() of scalar tensor '{self.id}'")
+            raise ValueError(f"Tensor is a scalar and doesn't have a length. ('{self.id}')")
         return self.shape[0]
 
     def __getitem__(self, key) -> "Tensor":
@@ -374,7 +387,7 @@ class Variable(Tensor, tensor_type="Variable"):
     def _memmap_arr(self) -> Optional[np.memmap]:
         """The `np.memmap` this variable was created from (its host data, shared), or None."""
         data = self._info.data
-        return data if isinstance(data, np.memmap) else None
+        return dtypes.host_view(data, self.dtype) if isinstance(data, np.memmap) else None
 
     def _flush_data_if_memmap(self) -> None:
         """Write a memmap-backed variable's host data through to its file."""
@@ -403,6 +416,7 @@ def _wrap(graph: "Graph", info: TensorInfo) -> Tensor:
 def _new_tensor(graph: "Graph", name: Optional[str], shape, dtype, kind: str,
                 meta_shape=(), data=None, extra=None) -> TensorInfo:
     graph.ir._check_not_frozen(f"{kind} tensor '{name or 't'}'")
+    shape = check_shape(shape, f"{kind} tensor '{name or 't'}'")
     gd = graph._data
     tid = graph.ir._data.unique_tensor_id(gd, graph._scoped_tensor_id(name or "t"))
     info = TensorInfo(tid, tuple(shape), dtype, kind, tuple(meta_shape or ()), data, extra)
@@ -434,7 +448,8 @@ def graph_output(t: Tensor) -> None:
 
 def _host_array(data, dtype, downcast, what: str, log2_scale=None,
                 nan_on_overflow=None) -> Tuple[np.ndarray, dtypes.dtype]:
-    """(host array, popxl dtype) of factory `data`; float8 data becomes uint8 codes."""
+    """(host array, popxl dtype) of factory `data`. float8 data (structured dtypes, as the user
+    gives and gets it) is stored as a uint8 view of its codes: what the engine computes on."""
     if isinstance(data, Tensor):
         raise TypeError(f"{what}: `data` must be host data (NumPy, Python, torch), got {data!r}")
     d = dtypes.dtype.as_dtype(dtype) if dtype is not None else None
@@ -445,9 +460,10 @@ def _host_array(data, dtype, downcast, what: str, log2_scale=None,
         raise type(e)(f"{what}: {e}") from None
     if isinstance(arr, np.memmap) and not arr.flags.writeable and what != "constant":
         gcg().ir._has_read_only_memmap = True
-    if d is not None and d in dtypes.FLOAT8_DTYPES:
-        return arr, d
-    return arr, dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported NumPy dtypes
+    d = d if d is not None else dtypes.dtype.as_dtype(arr.dtype)  # raises on unsupported dtypes
+    if d in dtypes.FLOAT8_DTYPES:
+        arr = arr.view(np.uint8)      # (a memmap's view is a memmap of the same file)
+    return arr, d
 
 
 def _unshare_memmap_of_non_const_grouping(arr: np.ndarray, rg, name: Optional[str]
@@ -470,8 +486,9 @@ def variable(data: HostTensor, dtype: Optional[dtypes.dtype] = None, name: Optio
     """A variable in the main graph initialised with `data`.
 
     With a `replica_grouping` of G > 1 groups, `data` has shape `(G, *shape)`. For a float8
-    `dtype`, real-valued data is cast with `log2_scale` / `nan_on_overflow` (see
-    `popxl.utils.to_numpy`); uint8 data is taken as float8 codes. An `np.memmap` of the
+    `dtype`, float16/32/64 data is cast with `log2_scale` / `nan_on_overflow` and float8 data
+    (`popxl.dtypes.np_dtype_float8_143/152`) is taken as it is (see `popxl.utils.to_numpy`);
+    float8 data without `dtype` makes a float8 variable. An `np.memmap` of the
     variable's dtype is shared, not copied: it is the variable's host data
     (`Variable._memmap_arr`, what `Session.get_tensor_data` returns), and `weights_to_host`
     writes into it (a read-only memmap turns off `weights_to_host` on leaving the session).

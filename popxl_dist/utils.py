@@ -32,14 +32,17 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     (Python ints become int32, floats float32). A memmap is returned as it is: it must already
     have `dtype` (if given), be C-ordered and aligned and need no downcast (else ValueError).
 
-    For a float8 `dtype` the result is uint8 codes: real-valued data is cast with
+    For a float8 `dtype` the result is float8 data (an array of the structured dtype
+    `dtype.as_numpy()`, as upstream): float16/32/64 data is cast with
     `popxl.fp8_utils.host_pow2scale_cast_to_fp8(x, dtype, log2_scale, nan_on_overflow)`
-    (defaults 0 and True); uint8 or float8-structured data is taken as codes already (then
-    `log2_scale` and `nan_on_overflow` must be None).
+    (defaults 0 and True); float8 data of that format is taken as it is.
 
     Raises:
         RuntimeError: `log2_scale` or `nan_on_overflow` given for a non-float8 dtype.
         ValueError: a memmap that would have to be copied (see above).
+        TypeError: float8 `dtype` and data that is neither float16/32/64 nor float8 data of
+            that format (uint8 codes included: `codes.view(dtype.as_numpy())` makes them
+            float8 data).
     """
     if isinstance(x, np.memmap):
         _check_memmap(x, dtype)
@@ -67,9 +70,7 @@ def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
     """A memmap is used as it is (never copied), so, as upstream, it must already have the
     requested dtype, be C-ordered and aligned, and need no downcast."""
     if dtype is not None:
-        ok = (x.dtype == np.uint8 or x.dtype == dtype.as_numpy()) \
-            if dtype in dtypes.FLOAT8_DTYPES else x.dtype == dtype.as_numpy()
-        if not ok:
+        if x.dtype != dtype.as_numpy():
             raise ValueError(f"When passing a memory-mapped NumPy array, the `dtype` parameter "
                              f"must be None or the same as the array's dtype: the memmap is "
                              f"{x.dtype}, dtype is {dtype.name}")
@@ -88,18 +89,20 @@ def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
 
 def _to_float8_codes(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Optional[int],
                      nan_on_overflow: Optional[bool]) -> np.ndarray:
+    """float8 data (structured dtype) of `x` for `to_numpy` with a float8 `dtype`."""
     from .fp8_utils import host_pow2scale_cast_to_fp8
 
-    if isinstance(x, np.ndarray) and (x.dtype == np.uint8 or x.dtype.fields is not None):
-        if x.dtype.fields is not None and x.dtype != dtype.as_numpy():
-            raise TypeError(f"to_numpy: data of dtype {x.dtype} cannot be {dtype.name} data")
-        if log2_scale is not None or nan_on_overflow is not None:
-            raise ValueError(f"to_numpy: the data is {dtype.name} codes already ({x.dtype}); "
-                             f"log2_scale and nan_on_overflow apply only to real-valued data")
-        if isinstance(x, np.memmap) and x.dtype == np.uint8:
-            return x                # shared, as for every memmap
-        codes = x.view(np.uint8).reshape(x.shape)
-        return codes.copy() if copy else codes
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().numpy()
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x, order="C")
+    if x.dtype == dtype.as_numpy():
+        return x.copy() if copy and not isinstance(x, np.memmap) else x
+    if x.dtype not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"Type {x.dtype} is not supported for float8 tensors.Please use "
+                        f"float16, float32 or float64 types. (Or float8 data of "
+                        f"{dtype.as_numpy()}; uint8 codes become float8 data with "
+                        f"codes.view(popxl.{dtype.name}.as_numpy()).)")
     return host_pow2scale_cast_to_fp8(x, dtype, 0 if log2_scale is None else log2_scale,
                                       True if nan_on_overflow is None else nan_on_overflow)
 
@@ -110,7 +113,7 @@ def _popxl_to_numpy(t) -> np.ndarray:
 
     if not isinstance(t, (Constant, Variable)):
         raise TypeError(f"_popxl_to_numpy: only Constants and Variables have host data, got {t!r}")
-    return np.array(t._info.data, copy=True)
+    return dtypes.host_view(np.array(t._info.data, copy=True), t.dtype)
 
 
 def table_to_string(rows: Sequence[Sequence[Any]], delimiter: str = " | ",

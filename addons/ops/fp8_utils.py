@@ -8,9 +8,10 @@ import popxl
 __all__ = ["FpDef", "ieee_fp32_no_denorms", "ieee_fp16_denorms", "float8_152_def",
            "float8_143_def", "fp8_def"]
 
-# Field names beyond the first two are ours (upstream's list is not in the references).
+# A floating point format: widths, exponent bias, whether subnormals count, whether the top
+# exponent code is Inf/NaN, the largest value and the largest / smallest exponent.
 FpDef = namedtuple("FpDef", ["num_exp_bits", "num_mantissa_bits", "fix_exponent_bias",
-                             "include_denorm", "inf_and_nan", "max_value", "max_exp", "min_exp"])
+                             "include_denorm", "has_nans", "max_value", "max_exp", "min_exp"])
 ieee_fp32_no_denorms = FpDef(8, 23, 127, False, True, 3.4028235e38, 127, -126)
 ieee_fp16_denorms = FpDef(5, 10, 15, True, True, 65504, 15, -14)
 float8_152_def = FpDef(5, 2, 16, True, False, 57344, 15, -17)

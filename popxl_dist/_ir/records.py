@@ -159,6 +159,9 @@ class IrData:
         self.instance = None
         # remote buffer id -> (shape, dtype, entries, meta_shape)
         self.remote_buffers: Dict[int, Dict[str, Any]] = {}
+        # SessionOptions.enableFloatingPointChecks when the Session was created: overflow,
+        # division by zero and invalid operations raise instead of giving inf / NaN
+        self.floating_point_checks = False
 
     @property
     def main(self) -> GraphData:

@@ -107,6 +107,11 @@ class Worker:
                 ctx.remote[bid] = np.zeros((rec["entries"], *rec["shape"]),
                                            storage_numpy(rec["dtype"]))
         self._single = len(self.ctxs) == 1
+        # Floating-point events (overflow to inf, 0/0, x/0) give their IEEE results silently,
+        # as on the IPU, unless the program enabled SessionOptions.enableFloatingPointChecks:
+        # then they raise, naming the op. One errstate per run, not per kernel.
+        self._fp_events = (dict(divide="raise", over="raise", invalid="raise", under="ignore")
+                           if getattr(ir, "floating_point_checks", False) else dict(all="ignore"))
         # d2h streams a conditional may store fewer than num_host_transfers times: checked
         # after each run (the Session refuses programs that always store too few).
         _, possible = store_shortfalls(ir, p.d2h_streams)
@@ -244,17 +249,18 @@ class Worker:
                         f"be uninitialised memory. Store to it {n} time(s) in every run.")
 
     def _execute(self, cg) -> None:
-        if cg.has_collectives:
-            self._lockstep(cg)
-            return
-        for ctx in self.ctxs:
-            try:
-                cg.run(ctx)
-            except Exception as e:  # noqa: BLE001 - re-raised naming the replica and op
-                err = self._explain(e, ctx.replica)
-                if err is e:
-                    raise
-                raise err from e
+        with np.errstate(**self._fp_events):
+            if cg.has_collectives:
+                self._lockstep(cg)
+                return
+            for ctx in self.ctxs:
+                try:
+                    cg.run(ctx)
+                except Exception as e:  # noqa: BLE001 - re-raised naming the replica and op
+                    err = self._explain(e, ctx.replica)
+                    if err is e:
+                        raise
+                    raise err from e
 
     def _explain(self, exc: BaseException, replica: int) -> BaseException:
         """An EngineError naming the op (and the replica when there are several); another
@@ -262,6 +268,11 @@ class Worker:
         if isinstance(exc, (WorkerError, RunAborted)):
             return exc
         err = explain_error(self.program, exc)
+        if isinstance(exc, FloatingPointError) and err is not exc:
+            op = getattr(err, "op", None)
+            err = EngineError(f"{err} (a floating-point exception: the program enabled "
+                              f"SessionOptions.enableFloatingPointChecks)")
+            err.op = op
         if self.ir.replication_factor > 1:
             op = getattr(err, "op", None)
             text = str(err) if err is not exc else f"{type(exc).__name__}: {exc}"
@@ -305,9 +316,12 @@ class Worker:
             except (WorkerError, RunAborted):
                 raise                            # another worker's failure, already described
             except Exception as e:  # noqa: BLE001
+                hint = (" (a floating-point exception: the program enabled "
+                        "SessionOptions.enableFloatingPointChecks)"
+                        if isinstance(e, FloatingPointError) else "")
                 err = EngineError(f"{step.op.describe()} failed on replicas "
                                   f"{self.replicas[0]}..{self.replicas[-1]}: "
-                                  f"{type(e).__name__}: {e}")
+                                  f"{type(e).__name__}: {e}{hint}")
                 err.op = step.op
                 raise err from e
 

@@ -15,6 +15,7 @@ from .. import dtypes
 from .._ir.records import Op, TensorInfo, TensorKind
 from .._pb_shim import op_view
 from ..context import get_current_context, gcg
+from ..errors import OpSetupError, OpSetupTypeError
 from ..graph import Graph
 from ..tensor import Tensor, constant
 
@@ -47,9 +48,10 @@ def debug_location() -> str:
 
 
 def check_tensor(t: Any, opname: str, argname: str) -> Tensor:
+    """`t` if it is a Tensor, else upstream's TypeError (naming the op after it)."""
     if not isinstance(t, Tensor):
-        raise TypeError(f"{opname}: argument '{argname}' must be a popxl.Tensor, got "
-                        f"{type(t).__name__}")
+        raise TypeError(f"The input `{argname}` is not a Tensor. Type: {type(t)}. Value: {t}. "
+                        f"({opname}: argument '{argname}' must be a popxl.Tensor)")
     return t
 
 
@@ -80,7 +82,7 @@ def check_same_dtype(opname: str, *ts: Tensor) -> dtypes.dtype:
     for t in ts[1:]:
         if t.dtype != d:
             names = ", ".join(f"'{x.id}' {x.dtype.name}" for x in ts)
-            raise TypeError(f"{opname}: inputs must have the same dtype, got {names}")
+            raise OpSetupTypeError(f"{opname}: inputs must have the same dtype, got {names}")
     return d
 
 
@@ -89,14 +91,18 @@ def broadcast_shape(opname: str, *ts: Tensor) -> Tuple[int, ...]:
         return tuple(np.broadcast_shapes(*(t.shape for t in ts)))
     except ValueError:
         names = ", ".join(f"'{t.id}' {t.shape}" for t in ts)
-        raise ValueError(f"{opname}: shapes cannot be broadcast together: {names}") from None
+        raise OpSetupError(f"{opname}: shapes cannot be broadcast together: {names}") from None
 
 
 def normalize_axes(opname: str, axis, rank: int) -> Tuple[int, ...]:
     """`axis` (None = all, int, or sequence, negatives allowed) as sorted non-negative axes."""
     if axis is None:
         return tuple(range(rank))
-    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    axes = [axis] if isinstance(axis, (int, np.integer)) else axis
+    if (isinstance(axes, (str, bytes, np.ndarray)) or not isinstance(axes, Sequence)
+            or not all(isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_))
+                       for a in axes)):
+        raise TypeError(f"{opname}: axis must be an int or a sequence of ints, got {axis!r}")
     out = []
     for a in axes:
         a = int(a)
@@ -128,7 +134,8 @@ FLOAT8_INPUT_OP_TYPES = frozenset({
     "IpuCopy", "IoTileCopy", "HostLoad", "HostStore", "RemoteLoad", "RemoteStore",
     "RemoteLoadInplace", "Call", "Loop", "If", "CopyVarUpdate", "DynamicSlice", "DynamicUpdate",
     "DynamicUpdateInplace", "Gather", "SliceGrad", "SubsampleGrad", "CastThenPow2Scale",
-    "MatMul", "Conv", "ConvTranspose"})
+    "MatMul", "Conv", "ConvTranspose", "PrintTensor", "ReplicatedAllGather",
+    "ReplicatedReduceScatter"})
 
 
 def check_no_float8(op_type: str, settings_name: str, inputs: Sequence[Tensor]) -> None:

@@ -43,8 +43,8 @@ def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor,
     check_tensor(probs, "nll_loss_with_softmax_grad", "probs")
     check_tensor(labels, "nll_loss_with_softmax_grad", "labels")
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"nll_loss_with_softmax_grad: reduction must be 'mean', 'sum' or "
-                         f"'none', got {reduction!r}")
+        raise ValueError(f"Not a valid reduction: {reduction}. Must choose from: mean, sum, "
+                         f"none")
     if not labels.dtype.is_int:
         raise TypeError(f"nll_loss_with_softmax_grad: labels '{labels.id}' must be integer class "
                         f"ids, got {labels.dtype.name}")

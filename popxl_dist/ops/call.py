@@ -26,8 +26,10 @@ def _flatten(xs: Iterable) -> List[Any]:
 
 
 def _connect(graph: Graph, inputs: tuple, inputs_dict: Optional[Mapping], opname: str,
-             parent: Graph) -> List[Tensor]:
-    """Parent tensors for each input of `graph`, from positional inputs and inputs_dict."""
+             parent: Graph, graph_name: str = "called") -> List[Tensor]:
+    """Parent tensors for each input of `graph`, from positional inputs and inputs_dict
+    (upstream's checks and wording; `graph_name` is "called", "then_branch" or
+    "else_branch")."""
     if not isinstance(graph, Graph):
         raise TypeError(f"{opname}: expected a popxl.Graph, got {type(graph).__name__}")
     if graph.ir is not parent.ir:
@@ -35,25 +37,23 @@ def _connect(graph: Graph, inputs: tuple, inputs_dict: Optional[Mapping], opname
     g_inputs = graph.inputs
     flat = _flatten(inputs)
     if len(flat) > len(g_inputs):
-        raise ValueError(f"{opname}: too many inputs for graph '{graph.id}': it has "
-                         f"{len(g_inputs)} inputs, got {len(flat)} positional inputs")
+        raise ValueError(f"Too many inputs have been provided to the {graph_name} graph. The "
+                         f"number of positional inputs exceeds the number of inputs of the "
+                         f"graph. {len(flat)} > {len(g_inputs)}. For graph: {graph}")
     conn: Dict[int, Any] = {i: v for i, v in enumerate(flat)}
     index = {t.id: i for i, t in enumerate(g_inputs)}
     for sub_t, parent_t in (inputs_dict or {}).items():
         if not isinstance(sub_t, Tensor) or sub_t.id not in index or sub_t._graph is not graph:
-            raise ValueError(f"{opname}: inputs_dict key {sub_t!r} is not an input of graph "
-                             f"'{graph.id}'")
+            raise ValueError(f'The graph input tensor "{sub_t}" is not in the {graph_name} graph '
+                             f'({graph}).')
         i = index[sub_t.id]
         if i in conn:
-            raise ValueError(f"{opname}: input '{sub_t.id}' of graph '{graph.id}' is given "
-                             f"twice (positionally and in inputs_dict)")
+            raise ValueError(f"Graph input tensor is specified twice for the {graph_name} graph, "
+                             f"in `inputs_dict` and positionally in `inputs`: {sub_t}")
         conn[i] = parent_t
-    missing = [g_inputs[i] for i in range(len(g_inputs)) if i not in conn]
+    missing = [i for i in range(len(g_inputs)) if i not in conn]
     if missing:
-        rows = "\n".join(f"  {i:3d}  {t.id}  {t.shape}  {t.dtype.name}"
-                         for i, t in enumerate(g_inputs) if i not in conn)
-        raise ValueError(f"{opname}: graph '{graph.id}' inputs are missing:\n  idx  id  shape  "
-                         f"dtype\n{rows}")
+        raise ValueError(_missing_inputs_message(graph, graph_name, conn, missing))
     result = []
     for i, sub_t in enumerate(g_inputs):
         v = conn[i]
@@ -61,8 +61,9 @@ def _connect(graph: Graph, inputs: tuple, inputs_dict: Optional[Mapping], opname
             try:
                 v = constant(v, sub_t.dtype, f"{sub_t.name}_const")
             except Exception:
-                raise TypeError(f"{opname}: input {i} ('{sub_t.id}') must be a Tensor or a "
-                                f"Python number, got {v!r}") from None
+                where = f'at position "{i}"' if i < len(flat) else f'"{sub_t}"'
+                raise TypeError(f"Input {where} could not be coerced into a tensor for the "
+                                f"{graph_name} graph: Type {type(v)}. Value: {v}") from None
         check_in_graph(parent, v, opname)
         if v.shape != sub_t.shape or v.dtype != sub_t.dtype:
             raise ValueError(f"{opname}: input {i} of graph '{graph.id}' ('{sub_t.name}') expects "
@@ -70,6 +71,21 @@ def _connect(graph: Graph, inputs: tuple, inputs_dict: Optional[Mapping], opname
                              f"{v.dtype.name}")
         result.append(v)
     return result
+
+
+def _missing_inputs_message(graph: Graph, graph_name: str, conn: Dict[int, Any],
+                            missing: List[int]) -> str:
+    from ..utils import table_to_string
+
+    g_inputs = graph.inputs
+    missing_rows = [("Index", "Graph Tensor", "Shape", "Dtype")] + [
+        (i, g_inputs[i].id, g_inputs[i].shape, g_inputs[i].dtype.name) for i in missing]
+    connected_rows = [("Index", "Graph Tensor", "Parent Graph Tensor")] + [
+        (i, g_inputs[i].id, v.id if isinstance(v, Tensor) else repr(v))
+        for i, v in sorted(conn.items())]
+    return (f"Not enough inputs have been provided for the {graph_name} graph ({graph}).\n\n"
+            f"Missing inputs:\n{table_to_string(missing_rows)}\n\nConnected inputs:\n"
+            f"{table_to_string(connected_rows)}")
 
 
 class CallSiteInfo:
@@ -110,12 +126,13 @@ class CallSiteInfo:
         if graph_tensor.id in g.outputs:
             i = self.graph_to_parent_output_index(g.outputs.index(graph_tensor.id))
             return self._parent._tensor(self._op.outputs[i])
-        raise ValueError(f"Tensor '{graph_tensor.id}' is not an input or output of graph "
-                         f"'{g.id}'")
+        raise ValueError(f"Tensor {graph_tensor.name} is not an input or output of the called "
+                         f"graph(s). ('{graph_tensor.id}', graph '{g.id}')")
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
         if parent_tensor.id not in self._op.inputs:
-            raise ValueError(f"Tensor '{parent_tensor.id}' is not an input of this call site")
+            raise ValueError(f"Tensor {parent_tensor.name} is not a parent graph input of the "
+                             f"call site. ('{parent_tensor.id}')")
         i = self.parent_to_graph_input_index(self._op.inputs.index(parent_tensor.id))
         return self.called_graph._tensor(self.called_graph._data.inputs[i])
 
@@ -150,7 +167,8 @@ def _prep_and_validate_inputs(check_inputs: bool, parent_graph: Graph, graph: Gr
     dtype. Parent tensors must be in `parent_graph` and match the inputs' shapes and dtypes;
     the emulator always checks (`check_inputs=False` does not skip it: a mismatch would give
     wrong results rather than a compile error)."""
-    ins = _connect(graph, tuple(inputs or ()), inputs_dict, graph_name or "call", parent_graph)
+    ins = _connect(graph, tuple(inputs or ()), inputs_dict, "call", parent_graph,
+                   graph_name or "called")
     return dict(zip(graph.inputs, ins))
 
 
@@ -182,12 +200,16 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Any,
                      check_inputs: bool = True) -> CallSiteInfo:
     """Run `graph` `repeat_count` times; outputs 0..k-1 feed inputs 0..k-1 of the next
     iteration. `.called_graph` is the loop wrapper graph, as upstream."""
-    if not isinstance(repeat_count, int) or repeat_count < 0:
-        raise ValueError(f"repeat: repeat_count must be a non-negative int, got {repeat_count!r}")
+    if isinstance(repeat_count, bool) or not isinstance(repeat_count, int):
+        raise TypeError(f"repeat: repeat_count must be an int, got {repeat_count!r}")
+    if repeat_count < 0:
+        raise ValueError(f"Repeat count must be >= 0. Repeat count: {repeat_count}. Graph: "
+                         f"{graph}")
     if len(graph.inputs) < len(graph.outputs):
-        raise ValueError(f"repeat: graph '{graph.id}' has {len(graph.outputs)} outputs but only "
-                         f"{len(graph.inputs)} inputs; outputs feed the first inputs of the next "
-                         f"iteration, so it needs at least as many inputs as outputs")
+        raise ValueError(f"To repeat the subgraph ({graph.id}) the number of inputs must be "
+                         f"greater than or equal to the number of outputs. {len(graph.inputs)} "
+                         f"< {len(graph.outputs)} (outputs feed the first inputs of the next "
+                         f"iteration)")
     parent = gcg()
     ins = _connect(graph, inputs, inputs_dict, "repeat", parent)
     for i, o in enumerate(graph.outputs):
@@ -223,9 +245,10 @@ def repeat(graph: Graph, repeat_count: int, *inputs: Any,
 
 
 class ConditionalSiteInfo(CallSiteInfo):
-    """Site info of a `conditional`: `.called_graph` is `(then_graph, else_graph)`. Parent input
-    0 is the condition; the branches' inputs map to parent inputs 1.. (shared where both
-    branches take the same parent tensor); outputs map one to one."""
+    """Site info of a `conditional`: `.called_graph` is `(then_graph, else_graph)`. As upstream,
+    parent input 0 is the condition, the then branch's inputs are parent inputs 1..n and the
+    else branch's follow (a tensor both branches take is connected twice); outputs map one to
+    one. Indices that map to nothing raise IndexError."""
 
     @property
     def called_graph(self):
@@ -234,26 +257,41 @@ class ConditionalSiteInfo(CallSiteInfo):
     def _branch_inputs(self, then_branch: bool) -> Tuple[int, ...]:
         return self._op.attrs["then_inputs" if then_branch else "else_inputs"]
 
-    def is_parent_index_in_then_branch(self, idx: int) -> bool:
-        return idx in self._op.attrs["then_inputs"]
-
-    def graph_to_parent_input_index(self, idx: int, then_branch: bool = True) -> int:
-        return self._branch_inputs(then_branch)[idx]
-
-    def parent_to_graph_input_index(self, idx: int) -> int:
-        """The branch input fed by parent input `idx` (the then branch's if it feeds both)."""
+    def _branch_of(self, idx: int) -> Tuple[bool, int]:
+        """(then branch?, branch input index) of parent input `idx`."""
         for then_branch in (True, False):
             ins = self._branch_inputs(then_branch)
             if idx in ins:
-                return ins.index(idx)
-        raise ValueError(f"Parent input {idx} of '{self._op.name}' feeds no branch input (input 0 "
-                         f"is the condition)")
+                return then_branch, ins.index(idx)
+        raise IndexError(f"Invalid parent graph input index (parent input {idx!r} of "
+                         f"'{self._op.name}' feeds no branch; input 0 is the condition)")
+
+    def is_parent_index_in_then_branch(self, idx: int) -> bool:
+        return self._branch_of(idx)[0]
+
+    def graph_to_parent_input_index(self, idx: int, then_branch: bool = True) -> int:
+        ins = self._branch_inputs(then_branch)
+        if not isinstance(idx, int) or not 0 <= idx < len(ins):
+            raise IndexError(f"Invalid graph input index ({idx!r}: the "
+                             f"{'then' if then_branch else 'else'} branch has {len(ins)} inputs)")
+        return ins[idx]
+
+    def parent_to_graph_input_index(self, idx: int) -> int:
+        """The branch input fed by parent input `idx`."""
+        return self._branch_of(idx)[1]
+
+    def _output_index(self, idx: int, then_branch: bool) -> int:
+        if not isinstance(idx, int) or not 0 <= idx < len(self._op.outputs):
+            raise IndexError(f"Invalid graph input index (output {idx!r}: the "
+                             f"{'then' if then_branch else 'else'} branch has "
+                             f"{len(self._op.outputs)} outputs)")
+        return idx
 
     def graph_to_parent_output_index(self, idx: int, then_branch: bool = True) -> int:
-        return idx
+        return self._output_index(idx, then_branch)
 
     def parent_to_graph_output_index(self, idx: int, then_branch: bool = True) -> int:
-        return idx
+        return self._output_index(idx, then_branch)
 
     def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
         for then_branch, graph in zip((True, False), self.called_graph):
@@ -265,22 +303,22 @@ class ConditionalSiteInfo(CallSiteInfo):
                 return self._parent._tensor(self._op.inputs[i])
             if graph_tensor.id in g.outputs:
                 return self._parent._tensor(self._op.outputs[g.outputs.index(graph_tensor.id)])
-        raise ValueError(f"Tensor '{graph_tensor.id}' is not an input or output of either branch "
-                         f"of '{self._op.name}'")
+        raise ValueError(f"Tensor {graph_tensor.name} is not an input or output of the called "
+                         f"graph(s). ('{graph_tensor.id}', conditional '{self._op.name}')")
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
-        """The branch input `parent_tensor` feeds (the then branch's if it feeds both)."""
+        """The branch input `parent_tensor` feeds first (the then branch's if it feeds both)."""
         if parent_tensor.id not in self._op.inputs[1:]:
-            raise ValueError(f"Tensor '{parent_tensor.id}' is not a branch input of this "
-                             f"conditional")
+            raise ValueError(f"Tensor {parent_tensor.name} is not a parent graph input of the "
+                             f"call site. ('{parent_tensor.id}', conditional '{self._op.name}')")
         idx = self._op.inputs.index(parent_tensor.id, 1)
         then_graph, else_graph = self.called_graph
         graph = then_graph if self.is_parent_index_in_then_branch(idx) else else_graph
         return graph._tensor(graph._data.inputs[self.parent_to_graph_input_index(idx)])
 
     def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = True):
-        raise NotImplementedError("set_parent_input_modified is not supported for conditional "
-                                  "(as upstream)")
+        raise NotImplementedError("Parent input modification is not yet implemented for the "
+                                  "conditional op.")
 
 
 def conditional_with_info(cond: Tensor, then_branch: Graph, else_branch: Graph,
@@ -299,23 +337,19 @@ def conditional_with_info(cond: Tensor, then_branch: Graph, else_branch: Graph,
             raise NotImplementedError("conditional: TensorByRef inputs are not supported (as "
                                       "upstream)")
     if len(then_branch.outputs) != len(else_branch.outputs):
-        raise ValueError(f"conditional: branches must have the same number of outputs, got "
-                         f"{len(then_branch.outputs)} and {len(else_branch.outputs)}")
+        raise ValueError(f"`then_branch` graph and `else_branch` graph must have the same number "
+                         f"of outputs: {len(then_branch.outputs)} != {len(else_branch.outputs)}")
     for a, b in zip(then_branch.outputs, else_branch.outputs):
         if a.shape != b.shape or a.dtype != b.dtype:
             raise ValueError(f"conditional: branch outputs differ: '{a.id}' {a.shape} "
                              f"{a.dtype.name} vs '{b.id}' {b.shape} {b.dtype.name}")
-    t_ins = _connect(then_branch, tuple(then_inputs or ()), then_inputs_dict, "conditional", parent)
-    e_ins = _connect(else_branch, tuple(else_inputs or ()), else_inputs_dict, "conditional", parent)
-    ins = [cond]
-    then_idx, else_idx = [], []
-    for lst, idx in ((t_ins, then_idx), (e_ins, else_idx)):
-        for t in lst:
-            if t in ins[1:]:
-                idx.append(ins.index(t, 1))
-            else:
-                ins.append(t)
-                idx.append(len(ins) - 1)
+    t_ins = _connect(then_branch, tuple(then_inputs or ()), then_inputs_dict, "conditional", parent,
+                     "then_branch")
+    e_ins = _connect(else_branch, tuple(else_inputs or ()), else_inputs_dict, "conditional", parent,
+                     "else_branch")
+    ins = [cond, *t_ins, *e_ins]
+    then_idx = list(range(1, 1 + len(t_ins)))
+    else_idx = list(range(1 + len(t_ins), len(ins)))
     outs = [Out(f"{a.name}_or_{b.name}", a.shape, a.dtype, a.meta_shape)
             for a, b in zip(then_branch.outputs, else_branch.outputs)]
     add_op("If", "conditional", ins, outs,

@@ -122,8 +122,11 @@ def _group_attrs(opname: str, group: ReplicaGrouping | None) -> tuple[int, int]:
 
 def _check_op(opname: str, op: Any, t: Tensor, allow_local: bool = False) -> str:
     valid = REDUCE_OPS + (("local",) if allow_local else ())
-    if not isinstance(op, str) or op.lower() not in valid:
-        raise ValueError(f"{opname}: unknown collective op {op!r}; valid ops are "
+    if not isinstance(op, str) or op.lower() not in OP_MAP:
+        raise ValueError(f"Not a valid op: {op}. Must choose from: {', '.join(OP_MAP)} "
+                         f"({opname})")
+    if op.lower() not in valid:
+        raise ValueError(f"{opname}: op {op!r} is not available here; valid ops are "
                          f"{', '.join(repr(v) for v in valid)}")
     op = op.lower()
     if op in _LOGICAL_OPS:
@@ -131,14 +134,17 @@ def _check_op(opname: str, op: Any, t: Tensor, allow_local: bool = False) -> str
             raise TypeError(f"{opname}: op {op!r} needs a bool tensor; '{t.id}' is "
                             f"{t.dtype.name}")
     else:
-        _check_dtype(opname, t)
+        _check_dtype(opname, t, moves_only=op == "local")
     return op
 
 
-def _check_dtype(opname: str, t: Tensor) -> None:
-    if t.dtype not in _NUMERIC_DTYPES:
+def _check_dtype(opname: str, t: Tensor, moves_only: bool = False) -> None:
+    """Reductions take the numeric dtypes; collectives that only move data (gathers, local
+    slices) take float8 too (its codes are bytes on the IPU)."""
+    allowed = _NUMERIC_DTYPES + (dtypes.FLOAT8_DTYPES if moves_only else ())
+    if t.dtype not in allowed:
         raise TypeError(f"{opname}: '{t.id}' has dtype {t.dtype.name}; supported dtypes are "
-                        f"{', '.join(d.name for d in _NUMERIC_DTYPES)}")
+                        f"{', '.join(d.name for d in allowed)}")
 
 
 # --- all-reduce ------------------------------------------------------------------------------
@@ -230,14 +236,15 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
     """
     opname = "replicated_slice"
     check_tensor(t, opname, "t")
-    _check_dtype(opname, t)
+    _check_dtype(opname, t, moves_only=True)
     if not isinstance(axis, int) or not -t.rank <= axis < max(t.rank, 1) or t.rank == 0:
         raise ValueError(f"{opname}: axis {axis!r} is out of range for '{t.id}' {t.shape}")
     axis %= t.rank
     _, size = _group_attrs(opname, group)
     if t.shape[axis] % size:
-        raise ValueError(f"{opname}: '{t.id}' {t.shape} axis {axis} (size {t.shape[axis]}) is not "
-                         f"divisible by the group size {size}")
+        raise ValueError(f"Replicated slice must equally divide axis. Axis size: "
+                         f"{t.shape[axis]}. Replica group size: {size} ({opname} of '{t.id}' "
+                         f"{t.shape} along axis {axis})")
     part_shape = t.shape[:axis] + (t.shape[axis] // size,) + t.shape[axis + 1:]
     flat = _rearrange_input(t, axis)
     return _rearrange_output(_reduce_scatter(opname, flat, "local", group, False), part_shape,
@@ -284,10 +291,12 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
     """
     opname = "replicated_all_gather"
     check_tensor(t, opname, "t")
-    _check_dtype(opname, t)
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise ValueError(f"Axis should be an int. Type: {type(axis)}. Value: {axis}")
+    _check_dtype(opname, t, moves_only=True)
     if output_shape not in GATHER_MODES:
-        raise ValueError(f"{opname}: output_shape must be one of {GATHER_MODES}, got "
-                         f"{output_shape!r}")
+        raise ValueError(f"output_shape must equal one of 'new_axis', 'concat', 'meta_shape', "
+                         f"'auto'. Value: {output_shape}")
     stride, size = _group_attrs(opname, group)
     mode = output_shape
     if mode == "auto":

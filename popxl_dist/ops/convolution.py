@@ -7,7 +7,7 @@ from typing import Optional, Sequence, Tuple
 from .. import dtypes
 from ..tensor import Tensor
 from ._builder import Out, add_op
-from .float8 import check_float8, log2_scale_tensor
+from .float8 import check_float8_operands, log2_scale_tensor
 from .nn import _PAD_TYPES, _spatial_arg, check_float_operands, conv_geometry
 
 __all__ = ["conv_pow2scaled", "conv_transpose", "conv_transpose_pow2scaled"]
@@ -32,10 +32,9 @@ def conv_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor,
         The float16 output (op type `Conv` with 3 inputs).
     """
     name = "conv_pow2scaled"
-    check_float8(name, t, "t")
-    check_float8(name, weight, "weight")
-    attrs, shape = conv_geometry(name, t, weight, stride, padding, dilation, groups, pad_type)
+    check_float8_operands(name, "conv", t=t, weight=weight)
     s = log2_scale_tensor(name, log2_scale)
+    attrs, shape = conv_geometry(name, t, weight, stride, padding, dilation, groups, pad_type)
     return add_op("Conv", name, [t, weight, s], [Out(f"{name}_out", shape, dtypes.float16)],
                   attrs)[0]
 
@@ -56,7 +55,8 @@ def _transpose_geometry(name: str, t: Tensor, weight: Tensor, stride, padding, d
         raise ValueError(f"{name}: 'weight' '{weight.id}' {weight.shape} needs dim 0 == the input "
                          f"channels {c} of 't' '{t.id}' {t.shape}")
     if pad_type not in _PAD_TYPES:
-        raise ValueError(f"{name}: pad type must be one of {_PAD_TYPES}, got {pad_type!r}")
+        raise ValueError(f"pad type {pad_type} is not valid, must be not_set, same_upper, "
+                         f"same_lower or valid")
     stride = _spatial_arg(name, "stride", stride, n, 1)
     dilation = _spatial_arg(name, "dilation", dilation, n, 1)
     if min(stride + dilation) < 1:
@@ -145,10 +145,9 @@ def conv_transpose_pow2scaled(t: Tensor, weight: Tensor, log2_scale: Tensor,
         The float16 output (op type `ConvTranspose` with 3 inputs).
     """
     name = "conv_transpose_pow2scaled"
-    check_float8(name, t, "t")
-    check_float8(name, weight, "weight")
+    check_float8_operands(name, "conv", t=t, weight=weight)
+    s = log2_scale_tensor(name, log2_scale)
     attrs, shape = _transpose_geometry(name, t, weight, stride, padding, dilation, groups,
                                        pad_type, output_padding, output_shape)
-    s = log2_scale_tensor(name, log2_scale)
     return add_op("ConvTranspose", name, [t, weight, s],
                   [Out(f"{name}_out", shape, dtypes.float16)], attrs)[0]

@@ -5,7 +5,7 @@ from typing import Optional
 
 from .. import dtypes
 from ..streams import DeviceToHostStream, HostToDeviceStream
-from ..tensor import Tensor
+from ..tensor import Tensor, check_shape
 from ._builder import Out, add_op, check_tensor
 
 __all__ = ["init", "host_load", "host_store"]
@@ -15,9 +15,10 @@ def init(shape, dtype: dtypes.dtype, name: Optional[str] = None, init_type: str 
          meta_shape=None) -> Tensor:
     """A new zero-filled (or undefined) tensor in the current graph."""
     if init_type not in ("zero", "undef"):
-        raise ValueError(f"init: init_type must be 'zero' or 'undef', got {init_type!r}")
+        raise ValueError(f"Unknown init_type: {init_type}")
+    shape = check_shape(shape, "init")
     d = dtypes.dtype.as_dtype(dtype)
-    return add_op("Init", "init", [], [Out(name or "init", tuple(shape), d, meta_shape or ())],
+    return add_op("Init", "init", [], [Out(name or "init", shape, d, meta_shape or ())],
                   {"init_type": init_type})[0]
 
 
@@ -38,8 +39,10 @@ def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
         raise TypeError(f"host_store: expected a DeviceToHostStream, got "
                         f"{type(d2h_stream).__name__}")
     check_tensor(t, "host_store", "t")
-    if t.shape != d2h_stream.shape or t.dtype != d2h_stream.dtype:
-        raise ValueError(
-            f"host_store: tensor '{t.id}' {t.shape} {t.dtype.name} does not match stream "
-            f"'{d2h_stream.tensor_id}' {d2h_stream.shape} {d2h_stream.dtype.name}")
+    if t.dtype != d2h_stream.dtype:
+        raise ValueError(f"dtype of stream {d2h_stream.tensor_id} `{d2h_stream.dtype}` does not "
+                         f"match dtype of provided tensor `{t.dtype}`")
+    if t.shape != d2h_stream.shape:
+        raise ValueError(f"shape of stream {d2h_stream.tensor_id} `{d2h_stream.shape}` does not "
+                         f"match shape of provided tensor `{t.shape}`")
     add_op("HostStore", "host_store", [t], [], {"stream": d2h_stream.tensor_id})

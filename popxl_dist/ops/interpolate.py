@@ -51,7 +51,9 @@ def interpolate(t: Tensor, scale_factor: Sequence[float] = (1.0, 1.0, 1.0, 1.0),
                             ("coordinate_transformation_mode", coordinate_transformation_mode,
                              _COORD_MODES)):
         if v not in allowed:
-            raise ValueError(f"{name}: {arg} must be one of {allowed}, got {v!r}")
+            names = ", ".join(allowed[:-1]) + " or " + allowed[-1]
+            raise ValueError(f"interpolate type {v} is not valid, must be {names}. "
+                             f"({name}: {arg})")
     scales = _scales(name, t, scale_factor)
     shape = tuple(int(math.floor(d * s)) for d, s in zip(t.shape, scales))
     if t.nelms and min(shape, default=1) < 1:

@@ -6,26 +6,37 @@ from typing import Optional, Tuple
 import numpy as np
 
 from .. import dtypes
+from ..errors import OpSetupError, OpSetupTypeError
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_same_dtype, check_tensor
+
+_MATMUL_FLOATS = (dtypes.float16, dtypes.float32)
+# float64 (which upstream's host conversions downcast away) stays available for checking
+# gradients; integer and bool operands are refused as on the IPU
+_MATMUL_OPERANDS = _MATMUL_FLOATS + (dtypes.float64,)
 
 __all__ = ["matmul", "matmul_pow2scaled"]
 
 
 def _matmul_shape(lhs: Tensor, rhs: Tensor) -> Tuple[int, ...]:
+    """The output shape (NumPy's matmul rules); PopART's errors (`OpSetupError`, a
+    popart_exception) for scalars and unequal contracting dimensions."""
     a, b = lhs.shape, rhs.shape
-    if not a or not b:
-        raise ValueError(f"matmul: '{lhs.id}' {a} @ '{rhs.id}' {b}: operands must be at least 1-D")
+    for side, t in (("lhs", lhs), ("rhs", rhs)):
+        if not t.shape:
+            raise OpSetupError(f"MatMul doesn't support scalar tensor '{t.id}' as the {side} "
+                               f"input (matmul: '{lhs.id}' {a} @ '{rhs.id}' {b})")
     a2 = (1,) + a if len(a) == 1 else a
     b2 = b + (1,) if len(b) == 1 else b
     if a2[-1] != b2[-2]:
-        raise ValueError(f"matmul: '{lhs.id}' {a} @ '{rhs.id}' {b}: inner dims differ "
-                         f"({a2[-1]} vs {b2[-2]})")
+        raise OpSetupError(f"MatMul contracting dimensions unequal: lhs '{lhs.id}' {list(a)}, "
+                           f"rhs '{rhs.id}' {list(b)} (matmul: inner dims {a2[-1]} vs "
+                           f"{b2[-2]})")
     try:
         batch = np.broadcast_shapes(a2[:-2], b2[:-2])
     except ValueError:
-        raise ValueError(f"matmul: '{lhs.id}' {a} @ '{rhs.id}' {b}: batch dims cannot be "
-                         f"broadcast") from None
+        raise OpSetupError(f"matmul: '{lhs.id}' {a} @ '{rhs.id}' {b}: batch dims cannot be "
+                           f"broadcast") from None
     out = tuple(batch) + (a2[-2], b2[-1])
     if len(a) == 1:
         out = out[:-2] + out[-1:]
@@ -48,8 +59,17 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
     if d in dtypes.FLOAT8_DTYPES:
         raise TypeError(f"matmul: '{lhs.id}' and '{rhs.id}' are {d.name}: use "
                         f"matmul_pow2scaled for float8 operands")
+    if d not in _MATMUL_OPERANDS:
+        raise OpSetupTypeError(f"matmul: '{lhs.id}' and '{rhs.id}' are {d.name}; the IPU's "
+                               f"matmul takes float16 or float32 operands")
+    if partials_type is not None and partials_type not in _MATMUL_FLOATS:
+        raise ValueError(f"dtype {partials_type} is not valid, must be float16 or float32 "
+                         f"(matmul partials_type)")
     shape = _matmul_shape(lhs, rhs)
     out_d = dtypes.dtype.as_dtype(output_type) if output_type is not None else d
+    if out_d not in _MATMUL_OPERANDS:
+        raise OpSetupTypeError(f"matmul: output_type must be float16 or float32, got "
+                               f"{out_d!r}")
     return add_op("MatMul", "matmul", [lhs, rhs], [Out("matmul_out", shape, out_d)],
                   {"output_type": out_d.name})[0]
 
@@ -68,12 +88,11 @@ def matmul_pow2scaled(lhs: Tensor, rhs: Tensor, log2_scale: Tensor,
     Returns:
         The float16 product (op type `MatMul` with 3 inputs).
     """
-    from .float8 import check_float8, log2_scale_tensor
+    from .float8 import check_float8_operands, log2_scale_tensor
 
     name = "matmul_pow2scaled"
-    check_float8(name, lhs, "lhs")
-    check_float8(name, rhs, "rhs")
-    shape = _matmul_shape(lhs, rhs)
+    check_float8_operands(name, "matmul", lhs=lhs, rhs=rhs)
     s = log2_scale_tensor(name, log2_scale)
+    shape = _matmul_shape(lhs, rhs)
     return add_op("MatMul", name, [lhs, rhs, s], [Out("matmul_out", shape, dtypes.float16)],
                   {"output_type": dtypes.float16.name})[0]

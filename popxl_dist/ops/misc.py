@@ -8,7 +8,6 @@ from popart._internal._types import FloatFormat as _FloatFormat
 from popart._internal._types import PrintTensorFmt as _PrintTensorFmt
 
 from .. import context
-from ..errors import UndefinedValue
 from ..graph import Graph
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
@@ -20,6 +19,25 @@ FloatFormat = Literal["auto", "fixed", "scientific", "none"]
 FLOAT_FORMAT_MAP = {"auto": _FloatFormat.Auto, "fixed": _FloatFormat.Fixed,
                     "scientific": _FloatFormat.Scientific, "none": _FloatFormat.None_}
 _FLOAT_FORMATS = tuple(FLOAT_FORMAT_MAP)
+
+
+class _FloatFormatError(KeyError, ValueError):
+    """An unknown `float_format` (upstream raises KeyError; a ValueError too)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _inferred_ipu(t: Tensor) -> Optional[int]:
+    """The IPU of `t`'s producer, else of its first consumer with one, else None."""
+    gd = t._graph._data
+    op = gd.producer.get(t.id)
+    if op is not None:
+        return t._info.extra.get("ipu", op.ipu)
+    for op in gd.ops:
+        if t.id in op.inputs and op.ipu is not None:
+            return op.ipu
+    return None
 
 
 def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True,
@@ -47,9 +65,14 @@ def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True
         A pass-through copy of `t` named `print_out`.
     """
     check_tensor(t, "print_tensor", "t")
+    for arg, char in (("separator", separator), ("open_bracket", open_bracket),
+                      ("close_bracket", close_bracket)):
+        if not isinstance(char, str) or len(char) != 1:
+            raise ValueError(f"Parameter {arg} must be 1 character exactly. Not length "
+                             f"{len(char) if isinstance(char, str) else '-'} and value {char}.")
     if float_format not in _FLOAT_FORMATS:
-        raise ValueError(f"print_tensor: float_format must be one of {_FLOAT_FORMATS}, got "
-                         f"{float_format!r}")
+        raise _FloatFormatError(f"print_tensor: float_format must be one of {_FLOAT_FORMATS}, "
+                                f"got {float_format!r}")
     for arg, v in (("summarise_threshold", summarise_threshold), ("edge_items", edge_items),
                    ("max_line_width", max_line_width), ("digits", digits)):
         if not isinstance(v, int) or v < 0:
@@ -68,19 +91,24 @@ def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True
 def ipu_copy(t: Tensor, destination: int, source: Optional[int] = None) -> Tensor:
     """Copy `t` to IPU `destination` (numerically an identity; no gradient upstream).
 
-    `source` defaults to the IPU of `t`'s producer; the output is named `<name>_c<destination>`.
+    `source` defaults to the IPU of `t`'s producer (for a tensor without one, such as a variable,
+    the IPU of the ops that consume it; with none, `source` must be given, as upstream). The
+    source and destination must differ. The output is named `<name>_c<destination>`.
     """
     check_tensor(t, "ipu_copy", "t")
-    if not isinstance(destination, int) or destination < 0:
+    if isinstance(destination, bool) or not isinstance(destination, int) or destination < 0:
         raise ValueError(f"ipu_copy: destination must be a non-negative int, got {destination!r}")
     if source is None:
-        try:
-            source = t.ipu
-        except UndefinedValue:
-            raise ValueError(f"ipu_copy: could not infer the source IPU of tensor '{t.id}'. "
-                             f"Please pass `source`") from None
-    elif not isinstance(source, int) or source < 0:
+        source = _inferred_ipu(t)
+        if source is None:
+            raise ValueError(f'Could not infer the ipu for Tensor to be copied "{t}" . Please '
+                             f'specify `source` when copying for this tensor.')
+    elif isinstance(source, bool) or not isinstance(source, int) or source < 0:
         raise ValueError(f"ipu_copy: source must be a non-negative int, got {source!r}")
+    if source == destination:
+        raise ValueError(f"ipu_copy: tensor '{t.id}' is already on IPU {source}: an IPU copy "
+                         f"moves a tensor from one IPU to another (source {source}, destination "
+                         f"{destination})")
     with context.ipu(destination):
         return add_op("IpuCopy", "ipu_copy", [t],
                       [Out(f"{t.name}_c{destination}", t.shape, t.dtype, t.meta_shape)],
@@ -109,8 +137,8 @@ def remote_code_load(graph: Graph, destination: str) -> None:
         raise TypeError(f"remote_code_load: 'graph' must be a popxl.Graph, got "
                         f"{type(graph).__name__}")
     if destination not in TO_IR_ENUM_MAP:
-        raise ValueError(f"remote_code_load: destination must be one of "
-                         f"{sorted(TO_IR_ENUM_MAP)}, got {destination!r}")
+        raise ValueError(f"Not a valid location: {destination}. Must choose from: "
+                         f"{', '.join(TO_IR_ENUM_MAP)}")
     if destination != "executable":
         raise NotImplementedError(f"remote_code_load: destination {destination!r} is not "
                                   f"supported, only 'executable' (as upstream)")

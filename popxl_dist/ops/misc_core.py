@@ -38,7 +38,7 @@ def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
     check_tensor(t, "cast", "t")
     d = dtypes.dtype.as_dtype(data_type)
     if d in dtypes.FLOAT8_DTYPES:
-        raise TypeError(f"cast: float8 targets are not allowed ({d}); use "
-                        f"pow2scale_cast_to_fp8")
+        raise TypeError(f"Data type {d} not supported for popxl.ops.cast, please consider "
+                        f"pow2scale_cast_to_fp8 or pow2scale_cast_from_fp8")
     return add_op("Cast", "cast", [t], [Out(f"{t.name}_{d.name}", t.shape, d, t.meta_shape)],
                   {"to": d.name})[0]

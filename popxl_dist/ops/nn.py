@@ -104,7 +104,8 @@ def nll_loss(probs: Tensor, labels: Tensor, ignore_index: Optional[int] = None,
     check_tensor(probs, name, "probs")
     check_tensor(labels, name, "labels")
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        raise ValueError(f"Not a valid reduction: {reduction}. Must choose from: "
+                         f"{', '.join(_REDUCTIONS)}")
     if not probs.dtype.is_floating_point:
         raise TypeError(f"{name}: probs '{probs.id}' must be floating point, got "
                         f"{probs.dtype.name}")
@@ -242,7 +243,8 @@ def _resolve_pads(opname: str, in_sp, eff_k, stride, padding, pad_type: str,
     """(pads (begins..., ends...), output spatial shape) following ONNX."""
     n = len(in_sp)
     if pad_type not in _PAD_TYPES:
-        raise ValueError(f"{opname}: pad type must be one of {_PAD_TYPES}, got {pad_type!r}")
+        raise ValueError(f"pad type {pad_type} is not valid, must be not_set, same_upper, "
+                         f"same_lower or valid")
     if pad_type in ("same_upper", "same_lower"):
         out = tuple(-(-i // s) for i, s in zip(in_sp, stride))
         begins, ends = [], []

@@ -21,8 +21,8 @@ def create_random_seed(seed: Tensor, modifier: Union[int, Tensor]) -> Tensor:
     """
     check_tensor(seed, "create_random_seed", "seed")
     if seed.dtype != dtypes.uint32 or seed.shape != (2,):
-        raise ValueError(f"create_random_seed: 'seed' '{seed.id}' must be uint32 of shape (2,), "
-                         f"got {seed.dtype.name} {seed.shape}")
+        raise ValueError(f"seed Tensor must be shape=(2,) dtype=uint32. Provided {seed} "
+                         f"(create_random_seed: {seed.dtype.name} {seed.shape})")
     if not isinstance(modifier, Tensor):
         if not isinstance(modifier, int) or isinstance(modifier, bool) or modifier < 0:
             raise TypeError(f"create_random_seed: 'modifier' must be a non-negative int or a "

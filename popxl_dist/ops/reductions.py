@@ -148,7 +148,7 @@ def cumsum(t: Tensor, dim: int = 0) -> Tensor:
 def check_increment(levels: List[float]) -> None:
     """Raise ValueError unless `levels` is strictly increasing (histogram bin edges)."""
     if any(b <= a for a, b in zip(levels, levels[1:])):
-        raise ValueError(f"histogram: levels must be strictly increasing, got {list(levels)}")
+        raise ValueError(f"The input levels `{levels}` is not a monotonically increasing list.")
 
 
 def histogram(t: Tensor, levels: List[float], absolute_of_input: bool) -> Tensor:

@@ -52,12 +52,21 @@ def squeeze(t: Tensor, axes: IntOrList = None) -> Tensor:
     if axes is None:
         drop = {i for i, s in enumerate(t.shape) if s == 1}
     else:
+        given = [axes] if _is_int(axes) else list(axes)
+        for a in given:
+            if not _is_int(a):
+                raise TypeError(f"squeeze: axes must be ints, got {axes!r}")
+        norm = [int(a) + t.rank if int(a) < 0 else int(a) for a in given]
+        if len(set(norm)) < len(norm):
+            raise ValueError(f"Axes contains duplicates (squeeze: {axes!r})")
         drop = set()
-        for a in ([axes] if _is_int(axes) else list(axes)):
-            a = _axis("squeeze", t, a)
+        for a in sorted(norm, reverse=True):
+            if not 0 <= a < t.rank:
+                raise ValueError(f"Can't squeeze axis '{a}' as tensor has rank '{t.rank}' "
+                                 f"('{t.id}' {t.shape})")
             if t.shape[a] != 1:
-                raise ValueError(f"squeeze: axis {a} of '{t.id}' {t.shape} has size "
-                                 f"{t.shape[a]}, not 1")
+                raise ValueError(f"Can't squeeze axis '{a}' as length of axis is >1: "
+                                 f"{t.shape[a]} ('{t.id}' {t.shape})")
             drop.add(a)
     shape = tuple(s for i, s in enumerate(t.shape) if i not in drop)
     return add_op("Reshape", "squeeze", [t], [Out(f"{t.name}_squeezed", shape, t.dtype)])[0]
@@ -109,8 +118,10 @@ def _process_args(start: IntOrList, stop: IntOrList, step: IntOrList, axis: IntO
     if not lens:
         raise ValueError(f"{opname}: give at least one of start, stop, step and axis")
     if len(set(lens.values())) > 1:
-        raise ValueError(f"{opname}: start, stop, step and axis must have the same length, got "
-                         f"{lens}")
+        k, n = max(lens.items(), key=lambda kv: kv[1])
+        bad = next(name for name, m in lens.items() if m != n)
+        raise ValueError(f"All inputs must have same length. `{bad}` has length {lens[bad]} != "
+                         f"{n}. ({opname}: start, stop, step and axis {lens})")
     n = next(iter(lens.values()))
     axes = lists["axis"] if lists["axis"] is not None else list(range(n))
     steps = lists["step"] if lists["step"] is not None else [1] * n
@@ -169,7 +180,9 @@ def subsample(t: Tensor, strides: Union[int, Sequence[int]]) -> Tensor:
     check_tensor(t, "subsample", "t")
     st = _as_list("subsample", "strides", strides)
     if len(st) > t.rank:
-        raise ValueError(f"subsample: {len(st)} strides given for '{t.id}' of rank {t.rank}")
+        raise ValueError(f"The length of subsample `strides` must not be greater than the rank "
+                         f"of the input tensor. ({len(st)} strides for '{t.id}' of rank "
+                         f"{t.rank})")
     if any(s < 1 for s in st):
         raise ValueError(f"subsample: strides must be >= 1, got {st}")
     st = st + [1] * (t.rank - len(st))
@@ -190,8 +203,8 @@ def split(t: Tensor, splits: Union[int, List[int]], axis: int = 0) -> List[Tenso
     if _is_int(splits):
         k = int(splits)
         if k < 1 or dim % k:
-            raise ValueError(f"split: {k} equal parts do not divide axis {ax} of '{t.id}' "
-                             f"{t.shape}")
+            raise ValueError(f"Split {k} does not equally divide tensor axis {ax} of length "
+                             f"{dim}. ('{t.id}' {t.shape})")
         sizes = [dim // k] * k
     else:
         sizes = _as_list("split", "splits", splits)
@@ -215,8 +228,9 @@ def _concat_shape(opname: str, ts: Sequence[Tensor], axis: int):
         check_tensor(t, opname, f"ts[{i}]")
     d = ts[0].dtype
     if any(t.dtype != d for t in ts):
-        raise TypeError(f"{opname}: all tensors must have the same dtype, got "
-                        + ", ".join(f"'{t.id}' {t.dtype.name}" for t in ts))
+        raise TypeError(f"All inputs to a concat operation must have the same type: "
+                        f"{[t.dtype for t in ts]} ({opname}: "
+                        + ", ".join(f"'{t.id}' {t.dtype.name}" for t in ts) + ")")
     ax = _axis(opname, ts[0], axis)
     base = ts[0].shape
     total = 0
@@ -365,8 +379,8 @@ def _scatter_reduce(opname: str, data: Tensor, indices: Tensor, reduction: str,
     check_tensor(data, opname, "data")
     _check_int_tensor(opname, indices, "indices")
     if reduction not in reduction_dict:
-        raise ValueError(f"{opname}: reduction must be 'sum', 'max', 'min' or 'none', got "
-                         f"{reduction!r}")
+        raise ValueError(f"The reduction must be one of {list(reduction_dict)} ({opname}: got "
+                         f"{reduction!r})")
     ax = _axis(opname, data, axis)
     if not _is_int(group_size) or group_size < 1:
         raise ValueError(f"{opname}: group_size must be an int >= 1, got {group_size!r}")
@@ -376,7 +390,7 @@ def _scatter_reduce(opname: str, data: Tensor, indices: Tensor, reduction: str,
                          f"{data.shape} needs a leading group dim of that size and 'axis' "
                          f"{axis} must not be the group dim 0")
     if initial_values is None and axis_size is None:
-        raise ValueError(f"{opname}: give axis_size or initial_values")
+        raise ValueError(f"One of initial_values and axis_size must be specified ({opname})")
     if initial_values is not None:
         check_tensor(initial_values, opname, "initial_values")
         if initial_values.dtype != data.dtype or initial_values.rank != data.rank:

@@ -3,16 +3,32 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
 
 __all__ = ["reshape", "reshape_", "flatten", "flatten_", "transpose", "transpose_"]
 
 
+def _shape_entry(s) -> bool:
+    return isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_))
+
+
 def _reshape_shape(t: Tensor, shape: Sequence[int], opname: str) -> Tuple[int, ...]:
-    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-    if any(s == 0 or s < -1 for s in shape) or shape.count(-1) > 1:
-        raise ValueError(f"{opname}: shape entries must be > 0 or a single -1, got {shape}")
+    """The new shape of `t`, checked as upstream: a tuple or list of ints, each > 0 or -1, at
+    most one -1, keeping the element count."""
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"{opname}: shape must be a tuple or list of ints, got "
+                        f"{type(shape).__name__} {shape!r}"
+                        + (" (use tuple(shape))" if isinstance(shape, np.ndarray) else ""))
+    if not all(_shape_entry(s) for s in shape) or any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"Invalid shape value in reshape. Must be '>0' or '-1'. Provided "
+                         f"{tuple(shape)}. ({opname} of '{t.id}' {t.shape})")
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"Reshape shape can contain at most one '-1' value. Provided {shape}. "
+                         f"({opname} of '{t.id}' {t.shape})")
     known = 1
     for s in shape:
         if s != -1:
@@ -61,6 +77,10 @@ def flatten_(t: Tensor) -> Tensor:
 def _perm(t: Tensor, permutation: Optional[Sequence[int]], opname: str) -> Tuple[int, ...]:
     if permutation is None:
         return tuple(reversed(range(t.rank)))
+    too_big = tuple(p for p in permutation if isinstance(p, (int, np.integer)) and p >= t.rank)
+    if too_big:
+        raise ValueError(f"Values in permutation must be less than the tensor's rank {t.rank}. "
+                         f"Found {too_big} ({opname} of '{t.id}' {t.shape})")
     perm = tuple(int(p) % max(t.rank, 1) if int(p) < 0 else int(p) for p in permutation)
     if sorted(perm) != list(range(t.rank)):
         raise ValueError(f"{opname}: permutation {tuple(permutation)} is not a permutation of "

@@ -191,10 +191,11 @@ def _updater(opname: str, op_type: str, m: Tensor, v: Tensor, weight: Optional[T
                          f"'{v.id}' {v.shape} must have the same shape")
     wd_on = weight_decay_is_required(weight_decay)
     if wd_on and weight is None:
-        raise ValueError(f"{opname}: weight decay {weight_decay!r} needs the 'weight' tensor")
+        raise ValueError(f"Weight decay requires weight to not be None. ({opname}: weight "
+                         f"decay {weight_decay!r})")
     if time_step is not None and (beta1 is None or (mode != "adamax" and beta2 is None)):
-        raise ValueError(f"{opname}: 'time_step' needs both 'beta1' and 'beta2' for bias "
-                         f"correction, got beta1={beta1!r}, beta2={beta2!r}")
+        raise ValueError(f"Bias correction requires both beta1 and beta2 to not be None. "
+                         f"({opname}: got beta1={beta1!r}, beta2={beta2!r})")
     ins: List[Tensor] = []
     attrs: Dict[str, Any] = {"mode": mode, "epsilon": float(epsilon),
                              "beta1": None if beta1 is None else float(beta1),
@@ -202,6 +203,7 @@ def _updater(opname: str, op_type: str, m: Tensor, v: Tensor, weight: Optional[T
     out_dtype = m.dtype
     if wd_on:
         check_tensor(weight, opname, "weight")
+        _check_float(weight, opname, "weight")
         if weight.shape != m.shape:
             raise ValueError(f"{opname}: 'weight' '{weight.id}' {weight.shape} must have the "
                              f"shape of the accumulators {m.shape}")
@@ -317,7 +319,7 @@ def adamax_updater(acc_first_order: Tensor, acc_second_order: Tensor,
     """The AdaMax updater `x = m/(1-beta1^t) / (u + eps) (+ wd*w)`; `time_step` is required and
     incremented in place first."""
     if time_step is None:
-        raise ValueError("adamax_updater: 'time_step' is required")
+        raise ValueError("AdaMax requires time_step to not be None.")
     return create_adamupdater(acc_first_order, acc_second_order, {}, "AdaMax", weight,
                               time_step, weight_decay, beta1, None, epsilon)
 

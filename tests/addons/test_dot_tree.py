@@ -124,3 +124,36 @@ def test_variable_factory_errors_and_seeded_draws():
         assert sharded.shape == (3,) and sharded.meta_shape == (4, 3)
     with popxl.Session(ir, "ipu_hw") as s:
         np.testing.assert_array_equal(s.get_tensor_data(v), second)
+
+
+def test_numeric_key_bounds_and_messages_as_upstream():
+    """Numerical keys must exist (negative ones count back from the largest numerical key);
+    a dotted key below a leaf, a negative insert key and duplicate filter keys are refused,
+    each with upstream's wording."""
+    t = addons.DotTree()
+    t.insert(0, "zero")
+    t.insert(1, "one")
+    t.insert("leaf", 1)
+    assert t.get(-1) == "one" and t[-2] == "zero" and t.get("1") == "one"
+    with pytest.raises(KeyError, match=r"Negative numerical key does not exist: -3\. Max "
+                                       r"numerical key: 1\."):
+        t.get(-3)
+    with pytest.raises(KeyError, match=r"Numerical key does not exist: 5\. Available keys: "
+                                       r"\['0', '1', 'leaf'\]"):
+        t.get(5)
+    with pytest.raises(KeyError, match=r"Numerical key does not exist: 7\."):
+        t.get("7")
+    with pytest.raises(KeyError, match=r"Key exists \(leaf\) but is not a sub-DotTree of type "
+                                       r".* and therefore you cannot access the sub-key: "
+                                       r"\['x'\]\."):
+        t.get("leaf.x")
+    with pytest.raises(ValueError, match=r"^Numerical key cannot be negative: -1$"):
+        t.insert(-1, "minus one")
+    with pytest.raises(ValueError, match=r"^`keys` cannot contain duplicate values\."):
+        t.filter_keys(["leaf", "leaf"])
+    gap = addons.DotTree()
+    gap.insert(0, "a")
+    gap.insert(2, "c")
+    with pytest.raises(KeyError, match=r"Negative numerical key does not exist: -2\. "
+                                       r"Equivalent positive key: 1\."):
+        gap.get(-2)

@@ -128,3 +128,15 @@ def test_weights_io_through_pb_session():
     np.testing.assert_array_equal(out[w.id], 6)
     with pytest.raises(TypeError, match="PyWeightsIO"):
         popart.PyWeightsIO({w: np.zeros(3)})
+
+
+def test_onnx_sessions_import_and_refuse_construction():
+    """Programs that import PopART's ONNX sessions load; constructing one says what runs
+    instead."""
+    from popart import InferenceSession, TrainingSession  # noqa: F401
+    for cls in (popart.InferenceSession, popart.TrainingSession):
+        with pytest.raises(NotImplementedError, match="popxl.Session"):
+            cls(fnModel=b"", dataFlow=None, deviceInfo=None)
+        with pytest.raises(NotImplementedError, match="not emulated"):
+            cls.createFromOnnxModel(b"")
+    assert popart.DataType.FLOAT16 == "FLOAT16"

@@ -107,7 +107,7 @@ def test_op_created_hooks_get_op_views_and_can_be_removed():
         ctx.remove_op_created_hook(h)
         ir.main_graph.remove_op_created_hook(h2)
         y + 1.0
-        with pytest.raises(ValueError, match="no hook"):
+        with pytest.raises(ValueError, match="^Unknown op created hook"):
             ctx.remove_op_created_hook(h)
     assert seen == ["Add", "Mul"]
     assert in_graph == [y._pb_tensor.getProducer().id]
@@ -169,3 +169,147 @@ def test_op_views_also_read_the_record_fields():
     assert mm.exec_ctx == "Normal" and isinstance(mm.attrs, dict)
     with pytest.raises(AttributeError):
         mm.no_such_field
+
+
+# --- upstream's lowering, as programs inspect it -------------------------------------------
+def _ops_built_by(fn):
+    """The op views of the graph `fn(x, w)` builds (x (2, 4), w (4, 4), both float32)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(fn, popxl.TensorSpec((2, 4), popxl.float32),
+                            popxl.TensorSpec((4, 4), popxl.float32))
+    return g._pb_graph.getOps()
+
+
+# builder -> (upstream's `opType()`, upstream's `_ir.op` class, `op.opid` string)
+LOWERINGS = [
+    (lambda x, w: x - 1.0, "Sub", "SubtractOp", "ai.onnx.Sub:7"),
+    (lambda x, w: ops.sub(x, x), "Sub", "SubtractOp", "ai.onnx.Sub:7"),
+    (lambda x, w: -x, "Neg", "NegateOp", "ai.onnx.Neg:6"),
+    (lambda x, w: x + x, "Add", "AddOp", "ai.onnx.Add:6"),
+    (lambda x, w: ops.layer_norm(x, w[0], w[1]), "GroupNormalization", "GroupNormOp",
+     "ai.graphcore.GroupNormalization:1"),
+    (lambda x, w: ops.group_norm(x, w[0], w[1], 2), "GroupNormalization", "GroupNormOp",
+     "ai.graphcore.GroupNormalization:1"),
+    (lambda x, w: ops.isinf(x), "IsInf", "IsInf", "ai.onnx.IsInf:10"),
+    (lambda x, w: ops.isnan(x), "IsNaN", "IsNaN", "ai.onnx.IsNaN:9"),
+    (lambda x, w: ops.sum(x, 0), "ReduceSum", "ReduceSumOp", "ai.onnx.ReduceSum:1"),
+    (lambda x, w: ops.split(x, 2, 1)[0], "Split", "SplitOp", "ai.onnx.Split:2"),
+    (lambda x, w: ops.interpolate(ops.reshape(x, (1, 1, 2, 4)), (1, 1, 2, 2)), "Resize",
+     "ResizeOp", "ai.graphcore.Resize:1"),
+    (lambda x, w: ops.onehot(ops.cast(x[0], popxl.int32), popxl.constant(4),
+                             popxl.constant(np.float32([0, 1])), 0), "OneHot", "OnehotOp",
+     "ai.onnx.OneHot:9"),
+    (lambda x, w: ops.var_updates.adamax_updater(x, x, time_step=popxl.constant(np.float32(1))),
+     "AdamUpdater", "AdamUpdaterOp", "ai.graphcore.AdamUpdater:1"),
+    (lambda x, w: ops.var_updates.lamb_updater(x, x, time_step=popxl.constant(np.float32(1)),
+                                               beta1=0.9, beta2=0.99),
+     "AdamUpdater", "AdamUpdaterOp", "ai.graphcore.AdamUpdater:1"),
+]
+
+
+@pytest.mark.parametrize("build,op_type,cls,opid", LOWERINGS)
+def test_op_views_report_upstreams_lowering(build, op_type, cls, opid):
+    views = [v for v in _ops_built_by(build) if v.opType() == op_type]
+    assert views, [v.opType() for v in _ops_built_by(build)]
+    v = views[-1]
+    assert isinstance(v, getattr(_ir.op, cls)) and type(v).__name__ == cls
+    assert str(v.opid) == opid and v.str() == f"{v.id} ({opid})"
+
+
+def test_graph_inspection_of_an_attention_layer_counts_upstreams_classes():
+    """The pattern of Graphcore's applications' graph tests: count op classes in a layer."""
+    from popxl_addons.testing_utils import ops_of_type
+
+    def attention(x, w):
+        q = x @ w
+        k = x @ w
+        scores = (q @ k.T) * 0.5
+        mask = 1.0 - ops.reshape(x[0], (1, 4))[:, :2]      # (1, 2)
+        probs = ops.softmax(scores - mask * 100.0, -1)
+        return ops.layer_norm(probs @ x + x, w[0], w[1])
+    graph_ops = _ops_built_by(attention)
+    assert ops_of_type(graph_ops, _ir.op.MatMulOp) == 4
+    assert ops_of_type(graph_ops, _ir.op.SubtractOp) == 2
+    assert ops_of_type(graph_ops, _ir.op.GroupNormOp) == 1
+    assert ops_of_type(graph_ops, _ir.op.SoftmaxOp) == 1
+    assert ops_of_type(graph_ops, "Sub") == 2
+
+
+def test_print_schedule_uses_upstreams_op_types():
+    """`GraphWithNamedArgs.print_schedule` prints `opType()` (so the seeds' `AdamUpdater`,
+    `Neg`, `Accumulate` lines keep their names), and AdaMax / LAMB updaters print as upstream's
+    one AdamUpdater op."""
+    import popxl_addons as addons
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(
+            lambda m, v: ops.var_updates.adamax_updater(m, v, time_step=popxl.constant(
+                np.float32(1))) - m,
+            popxl.TensorSpec((2,), popxl.float32), popxl.TensorSpec((2,), popxl.float32))
+    text = addons.GraphWithNamedArgs(g).print_schedule()
+    assert "AdamUpdater." in text and "AdaMax" not in text and "Sub." in text
+
+
+def test_modifies_index():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones(2, np.float32), name="a")
+        b = popxl.variable(np.ones(2, np.float32), name="b")
+        ops.add_(a, b)
+        c = a + b
+        g = ir.create_graph(lambda t: ops.var_updates.accumulate_(t, t), popxl.TensorSpec(
+            (2,), popxl.float32, ))
+        info = ops.call_with_info(g, a)
+        info.set_parent_input_modified(a)
+    add_inplace, add, call = ir.main_graph._pb_graph.getOps()
+    assert add_inplace.modifiesIndex(0) and not add_inplace.modifiesIndex(1)
+    assert not add.modifiesIndex(0) and not add.modifiesIndex(1)
+    assert call.modifiesIndex(0)
+    del c
+
+
+def test_tensor_and_data_types_are_popart_enums():
+    ir, g, x, w, y = _program()
+    info = y._pb_tensor.info
+    assert info.dataType() is _ir.DataType.FLOAT and info.dataType() == "FLOAT"
+    assert x._pb_tensor.tensorType() is _ir.TensorType.Variable
+    assert y._pb_tensor.tensorType() == _ir.TensorType.ActGrad == "ActGrad"
+    import popart
+    assert popart.DataType is _ir.DataType and popart.DataType.FLOAT8_143.name == "FLOAT8_143"
+
+
+def test_set_patterns_and_apply_pre_alias_patterns():
+    """`ir._pb_ir.setPatterns(Patterns(level))` then `applyPreAliasPatterns(graph)`, as
+    popxl_addons does: at Default, OpToIdentity turns identical-input all-reduces into
+    identities; at Minimal it does not."""
+    from popxl_addons.ops.replicated_all_reduce_TP import replicated_all_reduce_identical_inputs
+    for level, replaced in ((_ir.patterns.PatternsLevel.Minimal, False),
+                            (_ir.patterns.PatternsLevel.Default, True)):
+        ir = popxl.Ir(replication=2)
+        with ir.main_graph:
+            g = ir.create_graph(replicated_all_reduce_identical_inputs,
+                                popxl.TensorSpec((2,), popxl.float32))
+        ir._pb_ir.setPatterns(_ir.patterns.Patterns(level))
+        assert ir._pb_ir.getPatterns().level is level
+        for pg in ir._pb_ir.getAllGraphs():
+            ir._pb_ir.applyPreAliasPatterns(pg)
+            ir._pb_ir.applyInplacePattern(pg)
+        types = [op.opType() for op in g._pb_graph.getOps()]
+        assert (types == ["Identity"]) == replaced, types
+    with pytest.raises(TypeError, match="Patterns"):
+        ir._pb_ir.setPatterns("default")
+
+
+def test_internal_ir_names_programs_import():
+    from popart._internal.ir import (AccumulationType, DataType, NumInputs,  # noqa: F401
+                                     OperatorIdentifier, OptionalFloat, ReplicaGrouping,
+                                     Settings, TensorType)
+    opid = OperatorIdentifier("ai.graphcore", "MyOp", 1, NumInputs(1, 2), 1)
+    assert str(opid) == "ai.graphcore.MyOp:1" and opid.numInputs.max == 2
+    assert opid == OperatorIdentifier("ai.graphcore", "MyOp", 1)
+    assert not OptionalFloat().has_value() and OptionalFloat(0.5).value() == 0.5
+    assert _ir.op.BranchInfo("g", {1: 0}, {0: 0}).inputIndicesMap == {1: 0}
+    assert isinstance(_ir.op.SerialiseSettings(), _ir.op.SerialiseSettings)
+    ir, g, *_ = _program()
+    assert isinstance(g._pb_graph.getOps()[0].settings, Settings)

@@ -76,12 +76,12 @@ def test_remote_buffer_errors():
         popxl.remote_buffer((2,), popxl.float32)
     ir = popxl.Ir()
     with ir.main_graph:
-        with pytest.raises(ValueError, match="entries"):
+        with pytest.raises(ValueError, match="^Entries must be a non-zero, positive integer"):
             popxl.remote_buffer((2,), popxl.float32, 0)
-        with pytest.raises(ValueError, match="entries"):
+        with pytest.raises(ValueError, match="^Entries must be a non-zero, positive integer"):
             popxl.RemoteBuffer((2,), popxl.float32, -1)
         buf = popxl.remote_buffer((2,), popxl.float32, 2)
-        with pytest.raises(ValueError, match="entries"):
+        with pytest.raises(ValueError, match="^Entries must be a non-zero, positive integer"):
             buf.entries = 0
         assert buf.entries == 2
 

@@ -311,7 +311,7 @@ def test_grouped_variables(workers, R, spec):
         np.testing.assert_array_equal(out[v_s], v_dev[first][assign])
         np.testing.assert_array_equal(out[va_s], va_dev)
 
-    with pytest.raises(ValueError, match=rf"'v' expects host data of shape \({G}, 3\)"):
+    with pytest.raises(ValueError, match=rf"tensor v : \(3,\) \(its host data has shape \({G}, 3\)"):
         sess.write_variable_data(v, np.zeros(3, np.float32))
     if rg.group_size > 1:
         with pytest.raises(NotImplementedError, match="all_replicas"):

@@ -1,4 +1,6 @@
 """Session: host I/O layout, attach semantics, weights, and the errors upstream users expect."""
+import re
+
 import numpy as np
 import pytest
 
@@ -98,9 +100,11 @@ def test_weights_read_write_and_sync():
         sess.write_variable_data(w, np.full((2, 3), 7, np.float32))
         out = sess.run({x_s: np.zeros((2, 3), np.float32)})
         np.testing.assert_array_equal(out[y_s], 7)
-    with pytest.raises(ValueError, match=r"'w' expects host data of shape \(2, 3\), got \(3,\)"):
+    with pytest.raises(ValueError, match=r"^The shape of the input array \(3,\) must match the "
+                                         r"shape of the tensor w : \(2, 3\)$"):
         sess.write_variable_data(w, np.zeros(3, np.float32))
-    with pytest.raises(TypeError, match="'w' has dtype float32; got data of dtype float64"):
+    with pytest.raises(TypeError, match="^The dtype of the input array float64 must match the "
+                                        "equivalent type of the tensor w : popxl.dtypes.float32"):
         sess.write_variable_data(w, np.zeros((2, 3), np.float64))
 
 
@@ -110,10 +114,46 @@ def test_get_tensor_data_rejects_non_variables():
         v = popxl.variable(np.ones(2, np.float32))
         y = v + 1.0
     sess = popxl.Session(ir, "cpu")
-    with pytest.raises(TypeError, match="only Variables and Constants"):
+    with pytest.raises(TypeError, match=r"^Tensor\[.*\] is not of type Constant or Variable\. "
+                                        r"get_tensor_data is not supported for this type\."):
         sess.get_tensor_data(y)
-    with pytest.raises(TypeError, match="only Variables can be written"):
+    with pytest.raises(TypeError, match=r"^Tensor .* is not of type Variable\. "
+                                        r"write_variable_data is not supported for this type\."):
         sess.write_variable_data(y, np.ones(2, np.float32))
+
+
+@pytest.mark.parametrize("dtype,value", [(np.int32, 3.7), (np.float32, 1e300), (np.uint8, -1),
+                                         (np.int32, float("nan")), (np.uint8, 256),
+                                         (np.bool_, 2)])
+def test_write_variable_data_refuses_numbers_it_would_change(dtype, value):
+    """A Python number written to a variable must be representable in its dtype (a fraction
+    into an integer variable, a value out of range, NaN into an integer, a finite overflow to
+    inf are refused); the variable keeps its value."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.zeros(3, dtype), name="v")
+    with popxl.Session(ir, "cpu") as sess:
+        with pytest.raises(ValueError, match=rf"^write_variable_data: the value "
+                                             rf"{re.escape(repr(value))} for variable v .* in "
+                                             rf"its dtype"):
+            sess.write_variable_data(v, value)
+        np.testing.assert_array_equal(sess.get_tensor_data(v), np.zeros(3, dtype))
+
+
+@pytest.mark.parametrize("dtype,value,want", [(np.int32, 3.0, 3), (np.int32, np.int64(-5), -5),
+                                              (np.float32, 0.1, np.float32(0.1)),
+                                              (np.float16, 1e4, np.float16(1e4)),
+                                              (np.uint8, 255, 255), (np.bool_, True, True),
+                                              (np.float32, float("inf"), np.inf)])
+def test_write_variable_data_takes_representable_numbers(dtype, value, want):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.zeros(2, dtype), name="v")
+    with popxl.Session(ir, "cpu") as sess:
+        sess.write_variable_data(v, value)
+        got = sess.get_tensor_data(v)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, np.full(2, want, dtype))
 
 
 def test_variables_updated_in_place_persist_across_runs():

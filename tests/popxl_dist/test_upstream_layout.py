@@ -126,7 +126,7 @@ def test_slice_reshape_histogram_helpers():
         process_args([0, 1], [2])
     assert multiply_tuple((2, 3, 4)) == 24
     check_increment([0.0, 1.0])
-    with pytest.raises(ValueError, match="strictly increasing"):
+    with pytest.raises(ValueError, match="is not a monotonically increasing list"):
         check_increment([1.0, 1.0])
     ir = popxl.Ir()
     with ir.main_graph:
@@ -200,22 +200,47 @@ def test_conditional_site_info_maps_both_branches():
         then_g = ir.create_graph(lambda a, b: a + b, spec, spec)
         else_g = ir.create_graph(lambda c: c * 2.0, spec)
         x = popxl.variable(np.ones(2, np.float32), name="x")
-        y = popxl.variable(np.ones(2, np.float32), name="y")
+        y = popxl.variable(np.full(2, 3.0, np.float32), name="y")
         cond = popxl.constant(True)
         info = ops.conditional_with_info(cond, then_g, else_g, [x, y], [y])
+        with pytest.raises(ValueError, match="^`then_branch` graph and `else_branch` graph must "
+                                             "have the same number of outputs: 1 != 2"):
+            ops.conditional(cond, then_g, ir.create_graph(lambda c: (c, c), spec), [x, y], [y])
+        result, = ops.conditional(cond, then_g, else_g, [x, y], [y])
     assert info.called_graph == (then_g, else_g)
+    # as upstream: the condition, then the then-branch inputs, then the else-branch inputs
+    # (y feeds both branches and is connected twice)
+    assert [t.id for t in info.inputs] == [cond.id, "x", "y", "y"]
     assert info.graph_to_parent_input_index(1, then_branch=True) == 2
-    assert info.graph_to_parent_input_index(0, then_branch=False) == 2
-    assert info.parent_to_graph_input_index(1) == 0
+    assert info.graph_to_parent_input_index(0, then_branch=False) == 3
+    assert info.parent_to_graph_input_index(1) == 0 and info.parent_to_graph_input_index(3) == 0
     assert info.is_parent_index_in_then_branch(1)
+    assert not info.is_parent_index_in_then_branch(3)
     assert info.graph_to_parent(else_g.inputs[0]) is y
     assert info.parent_to_graph(y) is then_g.inputs[1]
     assert info.graph_to_parent_output_index(0) == info.parent_to_graph_output_index(0) == 0
     assert info.graph_to_parent(then_g.outputs[0]) is info.outputs[0]
     with pytest.raises(NotImplementedError):
         info.set_parent_input_modified(x)
-    with pytest.raises(ValueError, match="condition"):
+    with pytest.raises(IndexError, match="^Invalid parent graph input index"):
         info.parent_to_graph_input_index(0)
+    with pytest.raises(IndexError, match="^Invalid parent graph input index"):
+        info.is_parent_index_in_then_branch(4)
+    with pytest.raises(IndexError, match="^Invalid graph input index"):
+        info.graph_to_parent_input_index(1, then_branch=False)
+    with pytest.raises(IndexError, match="^Invalid graph input index"):
+        info.graph_to_parent_output_index(1)
+    with pytest.raises(ValueError, match="^Tensor x is not an input or output of the called "
+                                         "graph"):
+        info.graph_to_parent(x)
+    with pytest.raises(ValueError, match="^Tensor t is not a parent graph input of the call "
+                                         "site"):
+        info.parent_to_graph(cond)
+    with ir.main_graph:
+        out = popxl.d2h_stream(result.shape, result.dtype)
+        ops.host_store(out, result)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        np.testing.assert_array_equal(sess.run()[out], [4.0, 4.0])     # x + y
 
 
 def test_context_members():
@@ -237,8 +262,12 @@ def test_context_members():
         loc = popxl.context.get_source_location(0)
         assert loc.function_name == "test_context_members" and loc.file_name == __file__
         assert ir.main_graph._create_tensor_id("x") != x.id
-    with pytest.raises(TypeError, match="`mode`"):
+    with pytest.raises(TypeError, match="^`None` cannot be passed to `in_sequence`. Try `False` "
+                                        "instead."):
         with popxl.in_sequence(None):
+            pass
+    with pytest.raises(ValueError, match="^`in_sequence` mode not understood: yes"):
+        with popxl.in_sequence("yes"):
             pass
 
 

@@ -1,21 +1,22 @@
-"""`fp8_mse_scale`: the log2 scale that minimises the squared error of a float8 round trip.
+"""`fp8_mse_scale`: the log2 scale for a float8 cast with the least estimated squared error,
+computed on the device (upstream: a popxl.addons C++ custom op, `Fp8Scale`).
 
-Upstream implements this as a C++ custom op over a histogram of exponents. Here it is a popxl
-`repeat` over the 63 candidate scales in [-31, 31]: each iteration casts `src * 2^s` (clipped
-to the format's range, i.e. saturating) to float8 and back and measures
-sum((q * 2^-s - src)^2) with NaN terms as 0, keeping the best scale (the smallest on ties).
-The error is summed in float64: quantisation errors of different scales often differ only in
-the 8th significant digit (relative rounding error does not depend on the scale), which
-float32 cannot resolve. This is the computation of `popxl.fp8_utils.host_fp8_mse_scale`.
+The estimate is upstream's: a histogram of the binary exponents of `|src|`, and for each of 62
+scaling biases the cost of the values that would underflow, be rounded, or overflow (see
+`popxl.ops.float8.fp8_scale`). `CandidateConfig` gives the destination format's parameters.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 import popxl
-from popxl import ops
+from popxl import float8_143, float8_152
+from popxl.ops.float8 import fp8_scale
 
-from ..fp8_utils import fp8_def
+from ..fp8_utils import FpDef, float8_143_def, float8_152_def, ieee_fp16_denorms, \
+    ieee_fp32_no_denorms
 
 __all__ = ["fp8_mse_scale"]
 
@@ -23,43 +24,65 @@ max_scaling_bias = 31
 min_scaling_bias = -31
 
 
-def fp8_mse_scale(src: popxl.Tensor, dtype: popxl.dtype = popxl.float8_143) -> popxl.Tensor:
-    """The scale in [-31, 31] minimising the squared error of
-    `pow2scale_cast_from_fp8(pow2scale_cast_to_fp8(src, s, dtype), -s)` against `src` with
-    saturation instead of NaN on overflow; an int32 scalar tensor.
+class CandidateConfig:
+    """The parameters of a destination float8 format for the scale search.
+
+    Attributes:
+        format: the popxl float8 dtype.
+        num_exp_bits, num_mantissa_bits, fix_exponent_bias: of the destination format.
+        quantisation_error: the relative squared rounding error `2^(-2 (m_src - m_dest))`, with
+            `m_src` 23 when `src_type` equals `np.float32` and 10 otherwise (upstream passes the
+            popxl dtype of the tensor, which never equals `np.float32`, so the on-device search
+            always uses 10).
+        format_span: how many binades the destination covers.
+        min_src_exp, max_src_exp: the histogram indices (binades of float32, from 2^-126) where
+            the destination's range starts at the smallest / largest scaling bias;
+            `num_exp_src` of them.
+    """
+
+    def __init__(self, format: Any, src_ftype: FpDef, dest_ftype: FpDef,  # noqa: A002
+                 src_type: Any) -> None:
+        self.format = format
+        self.num_exp_bits = dest_ftype.num_exp_bits
+        self.num_mantissa_bits = dest_ftype.num_mantissa_bits
+        self.fix_exponent_bias = dest_ftype.fix_exponent_bias
+        src_mantissa = (ieee_fp32_no_denorms.num_mantissa_bits if src_type == np.float32
+                        else ieee_fp16_denorms.num_mantissa_bits)
+        self.quantisation_error = 2 ** (-2.0 * (src_mantissa - self.num_mantissa_bits))
+        self.format_span = dest_ftype.max_exp - dest_ftype.min_exp + 1
+        self.min_src_exp = dest_ftype.min_exp + min_scaling_bias - src_ftype.min_exp
+        self.max_src_exp = min(dest_ftype.min_exp + max_scaling_bias - src_ftype.min_exp,
+                               src_ftype.max_exp - src_ftype.min_exp)
+        self.num_exp_src = self.max_src_exp - self.min_src_exp + 1
+
+
+def fp8_mse_scale(src: popxl.Tensor, dtype: Any = float8_143) -> popxl.Tensor:
+    """The log2 scale for `ops.pow2scale_cast_to_fp8(src, scale, dtype)` with the least
+    estimated squared error, as an int32 scalar tensor in [-30, 31].
 
     Args:
-        src: a float16 or float32 tensor.
+        src: a float16 or float32 tensor (flattened).
         dtype: `popxl.float8_143` or `popxl.float8_152`.
+
+    Raises:
+        RuntimeError: `src` is not float16 or float32 (as upstream).
+        TypeError: `dtype` is not a float8 dtype.
 
     Returns:
         The int32 scalar scale.
     """
-    fmt = fp8_def(dtype, "fp8_mse_scale")
-    if not isinstance(src, popxl.Tensor) or src.dtype not in (popxl.float16, popxl.float32):
-        raise TypeError(f"fp8_mse_scale: src must be a float16 or float32 tensor, got {src!r}")
-    flat = ops.cast(src, popxl.float32).reshape((src.nelms,))
-    flat64 = ops.cast(flat, popxl.float64)
-    fmax = float(fmt.max_value)
-
-    def candidate(s, best_s, best_err, x, x64):
-        p = ops.pow(popxl.constant(2.0, popxl.float32, "two"), ops.cast(s, popxl.float32))
-        xs = ops.clip(x * p, -fmax, fmax)          # exact: a power-of-two scale
-        q = ops.pow2scale_cast_from_fp8(ops.pow2scale_cast_to_fp8(xs, 0, dtype), 0,
-                                        popxl.float32)
-        d = ops.cast(q, popxl.float64) / ops.cast(p, popxl.float64) - x64
-        d = ops.where(ops.isnan(d), popxl.constant(0.0, popxl.float64, "zero"), d)
-        err = ops.sum(d * d)
-        better = ops.greater(best_err, err)
-        one = popxl.constant(np.int32(1), popxl.int32, "one")
-        return s + one, ops.where(better, s, best_s), ops.where(better, err, best_err)
-
-    ir = popxl.gcg().ir
-    graph = ir.create_graph(candidate, popxl.TensorSpec((), popxl.int32),
-                            popxl.TensorSpec((), popxl.int32),
-                            popxl.TensorSpec((), popxl.float64), flat, flat64)
-    lo = popxl.constant(np.int32(min_scaling_bias), popxl.int32, "min_scaling_bias")
-    worst = popxl.constant(np.inf, popxl.float64, "inf")
-    n = max_scaling_bias - min_scaling_bias + 1
-    _, best, _ = ops.repeat(graph, n, lo, lo, worst, flat, flat64)
-    return best
+    if not isinstance(src, popxl.Tensor):
+        raise TypeError(f"fp8_mse_scale: src must be a popxl.Tensor, got {type(src).__name__}")
+    src = src.flatten()
+    if src.dtype not in (popxl.float32, popxl.float16):
+        raise RuntimeError(f"dtype {src.dtype} not currently supported.")
+    if dtype is float8_143:
+        dest = float8_143_def
+    elif dtype is float8_152:
+        dest = float8_152_def
+    else:
+        raise TypeError(f"fp8_mse_scale: dtype must be popxl.float8_143 or popxl.float8_152, "
+                        f"got {dtype!r}")
+    candidate = CandidateConfig(dtype, ieee_fp32_no_denorms, dest, src.dtype)
+    return fp8_scale(src, candidate.min_src_exp, candidate.format_span,
+                     candidate.quantisation_error)

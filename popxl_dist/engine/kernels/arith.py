@@ -24,9 +24,15 @@ def _div(attrs, ins, outs):
     dt = np_dtype(outs[0])
     if dt.kind in "iu":
         def int_div(a, b):
-            # C / poplar integer division truncates toward zero
-            q = np.trunc(np.divide(a, b, dtype=np.float64))
-            return q.astype(dt)
+            # C / poplar integer division truncates toward zero. Division by zero gives 0
+            # (NumPy's integer convention; the IPU's result is unspecified), without the
+            # floating-point events the float64 route would raise.
+            zero = b == 0
+            if zero.any():
+                b = np.where(zero, 1, b)
+                q = np.trunc(np.divide(a, b, dtype=np.float64))
+                return np.where(zero, 0, q).astype(dt)
+            return np.trunc(np.divide(a, b, dtype=np.float64)).astype(dt)
         return int_div
     return via_f32(np.divide, dt)
 

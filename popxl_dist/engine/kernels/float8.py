@@ -1,5 +1,5 @@
-"""Kernels: the float8 casts Pow2ScaleThenCast / CastThenPow2Scale, and helpers for the
-pow2-scaled matmul and convolutions (float8 arrays are uint8 codes)."""
+"""Kernels: the float8 casts Pow2ScaleThenCast / CastThenPow2Scale, the scale search Fp8Scale,
+and helpers for the pow2-scaled matmul and convolutions (float8 arrays are uint8 codes)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -64,4 +64,50 @@ def pow2scaled(fn: Callable, ins, outs, op_type: str) -> Callable:
             # as ldexp: exact unless float32 underflow, far below the float16 output's range
             y *= np.float32(2.0 ** k)
         return y.astype(out)
+    return run
+
+
+# Fp8Scale: upstream's on-device search (popxl_addons' fp8_mse_scale C++ op), step for step in
+# float32: a histogram of |src| over the 254 binades 2^-126 .. 2^127 (levels cast to src's
+# dtype, so float16 data sees levels that underflow to 0 or overflow to inf; a bin holds
+# [level_(i-1), level_i)), normalised by the element count; then for each of the 62 scaling
+# biases b, summed in histogram order from index 1:
+#   underflow   c <  u:      h_c * l_c * l_c
+#   rounding    u <= c < o:  h_c * l_c * l_c * quantisation_error
+#   overflow    c >= o:      h_c * (l_(o-1) - l_c)^2
+# with u = min_fp32_exp_index + b, o = u + format_span, l_c = 2^(c-126). The first bias with the
+# lowest cost, moved up by half the number of biases that tie with it, gives the scale
+# -(bias + ties // 2 - 31).
+_FP8_LEVELS = (2.0 ** np.arange(-126, 128)).astype(np.float32)
+_FP8_BIASES = 62
+
+
+@kernel("Fp8Scale")
+def _fp8_scale(attrs, ins, outs):
+    first = int(attrs["min_fp32_exp_index"])
+    span = int(attrs["format_span"])
+    qerr = np.float32(attrs["quantisation_error"])
+    src_dtype = np_dtype(ins[0])
+    with np.errstate(over="ignore", under="ignore"):
+        levels = _FP8_LEVELS.astype(src_dtype)
+    c = np.arange(1, _FP8_LEVELS.size)                        # histogram indices summed
+    lim = _FP8_LEVELS[c]
+    b = np.arange(_FP8_BIASES)[:, None]
+    under, over = first + b, first + span + b
+    sat = _FP8_LEVELS[over - 1]                               # (62, 1)
+
+    def run(x):
+        bins = np.searchsorted(levels, np.abs(x.reshape(-1)), side="right")
+        hist = np.bincount(bins, minlength=levels.size + 1).astype(np.float32)
+        hist = (hist / np.float32(x.size))[1:]
+        h = hist[c]
+        with np.errstate(over="ignore", invalid="ignore"):
+            hl2 = h * lim * lim
+            d = sat - lim
+            terms = np.where(c < under, hl2, np.where(c < over, hl2 * qerr, h * d * d))
+            mse = np.cumsum(terms.astype(np.float32), axis=1, dtype=np.float32)[:, -1]
+        best = mse.min()
+        ties = int(np.count_nonzero(mse == best))
+        first_best = int(np.argmax(mse == best))
+        return np.array(-(first_best + ties // 2 - 31), np.int32)
     return run

@@ -6,11 +6,13 @@ from typing import List, Optional
 
 from ... import dtypes, ops
 from ...tensor import Tensor
-from ..grad_registry import grad_rule
+from ..grad_registry import grad_rule, no_grad
 
 __all__ = ["matmul_pow2scaled_grad", "decoded"]
 
 Grads = List[Optional[Tensor]]
+
+no_grad("Fp8Scale")      # a scale search, as upstream (its output is an integer)
 
 
 @grad_rule("Pow2ScaleThenCast")

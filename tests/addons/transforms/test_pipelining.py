@@ -99,7 +99,7 @@ def test_cross_stage_read_without_copy_or_stash_raises():
             with p.stage(0):
                 x = ops.host_load(s)
                 y = x.copy_to_ipu(1)
-            with p.stage(1):
+            with p.stage(1), popxl.ipu(1):
                 z = (y * 2.0).copy_to_ipu(0)
             with p.stage(2):
                 z + x     # x belongs to stage 0: needs stash_and_restore_tensor

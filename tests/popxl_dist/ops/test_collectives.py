@@ -515,14 +515,20 @@ def ir4():
 
 def test_bad_op_string(ir4):
     x = popxl.variable(np.zeros((4,), F32), name="x")
-    with pytest.raises(ValueError, match="'square_add'"):
+    with pytest.raises(ValueError, match="^Not a valid op: sum. Must choose from: add, mean, "
+                                         "mul, min, max, and, or, square_add, local"):
         C.replicated_all_reduce(x, "sum")
     with pytest.raises(ValueError, match="valid ops"):
         C.replicated_all_reduce(x, "local")       # local is for the reduce-scatter family only
-    with pytest.raises(ValueError, match="valid ops"):
+    with pytest.raises(ValueError, match="^Not a valid op: prod"):
         C.replicated_reduce_scatter(x, "prod")
-    with pytest.raises(ValueError, match="output_shape"):
+    with pytest.raises(ValueError, match="^output_shape must equal one of 'new_axis', 'concat', "
+                                         "'meta_shape', 'auto'. Value: stack"):
         C.replicated_all_gather(x, 0, None, "stack")
+    # a grouping passed where the axis goes (upstream's check)
+    with pytest.raises(ValueError, match="^Axis should be an int. Type: <class "
+                                         "'popxl.replica_grouping.ReplicaGrouping'>"):
+        C.replicated_all_gather(x, ir4.replica_grouping(group_size=2))
 
 
 def test_bad_dtypes(ir4):
@@ -548,7 +554,8 @@ def test_bad_dtypes(ir4):
 
 def test_replicated_slice_not_divisible(ir4):
     x = popxl.variable(np.zeros((6, 4), F32), name="x")
-    with pytest.raises(ValueError, match="not divisible"):
+    with pytest.raises(ValueError, match="^Replicated slice must equally divide axis. Axis "
+                                         "size: 6. Replica group size: 4"):
         C.replicated_slice(x, 0)                  # 6 rows over 4 replicas
     with pytest.raises(ValueError, match="out of range"):
         C.replicated_slice(x, 2)

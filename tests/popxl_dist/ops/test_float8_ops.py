@@ -1,8 +1,8 @@
 """float8 ops: pow2scale casts, matmul_pow2scaled, conv_pow2scaled, conv_transpose_pow2scaled
 against NumPy / torch on the decoded values, their gradients, and their errors.
 
-float8 inputs are fed as arrays of the structured float8 dtypes (which popxl maps to float8
-streams); float8 outputs come back as uint8 codes."""
+float8 data on the host (stream inputs and outputs) is arrays of the structured float8 dtypes,
+as upstream."""
 import numpy as np
 import pytest
 
@@ -19,8 +19,15 @@ NP8 = {popxl.float8_143: popxl.dtypes.np_dtype_float8_143,
 
 
 def fp8_array(x, dtype, log2_scale=0):
-    """Host values `x` cast to `dtype`, as a structured float8 array (a float8 stream input)."""
-    return enc(x, dtype, log2_scale).view(NP8[dtype])
+    """Host values `x` cast to `dtype` (float8 host data: a structured float8 array)."""
+    data = enc(x, dtype, log2_scale)
+    assert data.dtype == NP8[dtype]
+    return data
+
+
+def values(data, log2_scale=0):
+    """float32 values of float8 host data."""
+    return dec(data, popxl.float32, log2_scale)
 
 
 def scale(s):
@@ -40,9 +47,9 @@ def test_pow2scale_casts_match_host_casts(src, fmt, s):
             ops.pow2scale_cast_to_fp8(t, k, d)), x, scale(s))
     want = enc(x, d, s)
     np.testing.assert_array_equal(codes, want)
-    np.testing.assert_array_equal(back32, dec(want, d, -s))
-    np.testing.assert_array_equal(back16, dec(want, d, -s).astype(np.float16))
-    assert codes.dtype == np.uint8 and back16.dtype == np.float16
+    np.testing.assert_array_equal(back32, values(want, -s))
+    np.testing.assert_array_equal(back16, values(want, -s).astype(np.float16))
+    assert codes.dtype == NP8[d] and back16.dtype == np.float16
 
 
 MATMULS = [((3, 4), (4, 5), "143", "143"), ((2, 3, 4), (4, 2), "143", "152"),
@@ -56,7 +63,7 @@ def test_matmul_pow2scaled_matches_numpy(a_shape, b_shape, fa, fb, s):
     a = fp8_array(rng.normal(size=a_shape), F8[fa], 2)
     b = fp8_array(rng.normal(size=b_shape), F8[fb], 1)
     y, = run_ops(lambda p, q, k: ops.matmul_pow2scaled(p, q, k), a, b, scale(s))
-    want = (np.matmul(dec(a).astype(np.float64), dec(b).astype(np.float64)) * 2.0 ** s)
+    want = (np.matmul(values(a).astype(np.float64), values(b).astype(np.float64)) * 2.0 ** s)
     assert y.dtype == np.float16 and y.shape == want.shape
     np.testing.assert_allclose(y, want.astype(np.float16), rtol=1e-3, atol=1e-6)
 
@@ -85,11 +92,11 @@ def test_conv_pow2scaled_and_transpose_match_torch(transpose):
     if transpose:
         y, = run_ops(lambda a, b, k: ops.conv_transpose_pow2scaled(
             a, b, k, output_padding=(1, 0), **kw), x, w, scale(-2))
-        want = _torch_conv(dec(x).astype(np.float64), dec(w).astype(np.float64), True,
+        want = _torch_conv(values(x).astype(np.float64), values(w).astype(np.float64), True,
                            stride=(2, 1), padding=(1, 0), groups=2, output_padding=(1, 0))
     else:
         y, = run_ops(lambda a, b, k: ops.conv_pow2scaled(a, b, k, **kw), x, w, scale(-2))
-        want = _torch_conv(dec(x).astype(np.float64), dec(w).astype(np.float64), False,
+        want = _torch_conv(values(x).astype(np.float64), values(w).astype(np.float64), False,
                            stride=(2, 1), padding=(1, 0), groups=2)
     assert y.dtype == np.float16 and y.shape == want.shape
     np.testing.assert_allclose(y, (want / 4).astype(np.float16), rtol=1e-3, atol=1e-6)
@@ -98,7 +105,7 @@ def test_conv_pow2scaled_and_transpose_match_torch(transpose):
 # --- gradients ------------------------------------------------------------------------------
 def fp8_grads(fn, arrays, dy):
     """(output, input gradients) of `fn` through popxl.transforms.autodiff; gradients of
-    float8 inputs come back as codes."""
+    float8 inputs come back as float8 host data."""
     ir = popxl.Ir()
     with ir.main_graph:
         specs = [popxl.TensorSpec(a.shape, popxl.dtype.as_dtype(a.dtype)) for a in arrays]
@@ -123,8 +130,9 @@ def assert_codes_close(got, exact, dtype):
     """`got` codes equal the cast of `exact` (float64) up to one code where float32
     accumulation can fall on the other side of a rounding boundary."""
     want = enc(exact, dtype)
-    close = np.abs(dec(got, dtype).astype(np.float64) - dec(want, dtype)) <= \
-        np.abs(dec(want, dtype)) * 2.0 ** -2 + 1e-30
+    assert got.dtype == want.dtype
+    close = np.abs(values(got).astype(np.float64) - values(want)) <= \
+        np.abs(values(want)) * 2.0 ** -2 + 1e-30
     assert close.all() and (got == want).mean() > 0.9, (got, want)
 
 
@@ -133,11 +141,11 @@ def test_cast_grads_are_straight_through():
     dy = fp8_array(np.random.default_rng(4).normal(size=(3, 4)), popxl.float8_152)
     y, dx = fp8_grads(lambda t: ops.pow2scale_cast_to_fp8(t, 3, popxl.float8_152), [x], dy)
     np.testing.assert_array_equal(y, enc(x, popxl.float8_152, 3))
-    np.testing.assert_array_equal(dx, dec(dy, log2_scale=3))
+    np.testing.assert_array_equal(dx, values(dy, 3))
     codes = fp8_array(x, popxl.float8_143)
     dy32 = np.random.default_rng(5).normal(size=(3, 4)).astype(np.float32)
     y, dx = fp8_grads(lambda t: ops.pow2scale_cast_from_fp8(t, -2, popxl.float32), [codes], dy32)
-    np.testing.assert_array_equal(y, dec(codes, log2_scale=-2))
+    np.testing.assert_array_equal(y, values(codes, -2))
     np.testing.assert_array_equal(dx, enc(dy32, popxl.float8_143, -2))
 
 
@@ -149,13 +157,13 @@ def test_matmul_pow2scaled_grads(a_shape, b_shape, fa, fb):
     out_shape = np.matmul(np.zeros(a_shape), np.zeros(b_shape)).shape
     dy = rng.normal(size=out_shape).astype(np.float16)
     y, da, db = fp8_grads(lambda p, q: ops.matmul_pow2scaled(p, q, 2), [a, b], dy)
-    A, B, D = (v.astype(np.float64) for v in (dec(a), dec(b), dy))
+    A, B, D = (v.astype(np.float64) for v in (values(a), values(b), dy))
     A2 = A.reshape(1, -1) if A.ndim == 1 else A
     D2 = D.reshape(D.shape[:-1] + (1,) + D.shape[-1:]) if A.ndim == 1 else D
     want_da = (D2 @ np.swapaxes(B, -1, -2) * 4).reshape((-1,) + a_shape).sum(axis=0)
     want_db = (np.swapaxes(A2, -1, -2) @ D2 * 4)
     want_db = want_db.reshape((-1,) + b_shape).sum(axis=0)
-    assert da.dtype == db.dtype == np.uint8
+    assert da.dtype == NP8[F8[fa]] and db.dtype == NP8[F8[fb]]
     assert_codes_close(da, want_da, F8[fa])
     assert_codes_close(db, want_db, F8[fb])
 
@@ -167,8 +175,8 @@ def test_conv_pow2scaled_grads_match_torch_autograd():
     w = fp8_array(rng.normal(size=(3, 2, 2, 2)), popxl.float8_143)
     dy = rng.normal(size=(2, 3, 2, 3)).astype(np.float16)
     y, dx, dw = fp8_grads(lambda a, b: ops.conv_pow2scaled(a, b, 1, stride=(2, 1)), [x, w], dy)
-    xt = torch.tensor(dec(x).astype(np.float64), requires_grad=True)
-    wt = torch.tensor(dec(w).astype(np.float64), requires_grad=True)
+    xt = torch.tensor(values(x).astype(np.float64), requires_grad=True)
+    wt = torch.tensor(values(w).astype(np.float64), requires_grad=True)
     out = torch.nn.functional.conv2d(xt, wt, stride=(2, 1)) * 2
     out.backward(torch.tensor(dy.astype(np.float64)))
     np.testing.assert_allclose(y, out.detach().numpy().astype(np.float16), rtol=1e-3)
@@ -187,18 +195,32 @@ def test_runtime_log2_scale_out_of_range_names_the_op():
     (lambda f, x8, i: ops.pow2scale_cast_to_fp8(i, 0, popxl.float8_143), TypeError,
      "float16 or float32"),
     (lambda f, x8, i: ops.pow2scale_cast_to_fp8(f, 0, popxl.float16), TypeError,
-     "float8_143 or popxl.float8_152"),
-    (lambda f, x8, i: ops.pow2scale_cast_to_fp8(f, f, popxl.float8_143), TypeError,
-     "int32 scalar"),
+     "^Data type popxl.dtypes.float16 not supported for popxl.ops.cast"),
+    (lambda f, x8, i: ops.pow2scale_cast_to_fp8(f, f, popxl.float8_143), ValueError,
+     "^Log2 scale argument must be a scalar tensor"),
+    (lambda f, x8, i: ops.pow2scale_cast_to_fp8(f, ops.reshape(f, (4,))[0], popxl.float8_143),
+     TypeError, "^Log2 scale tensor must be of type popxl.int32"),
+    (lambda f, x8, i: ops.pow2scale_cast_to_fp8(f, ops.reshape(i, (4,))[:1], popxl.float8_143),
+     ValueError, "^Log2 scale argument must be a scalar tensor"),
     (lambda f, x8, i: ops.pow2scale_cast_to_fp8(f, 32, popxl.float8_143), ValueError,
      r"\[-32, 32\)"),
     (lambda f, x8, i: ops.pow2scale_cast_from_fp8(f, 0, popxl.float32), TypeError,
      "must be float8_143 or float8_152"),
     (lambda f, x8, i: ops.pow2scale_cast_from_fp8(x8, 0, popxl.int32), TypeError,
-     "float16 or popxl.float32"),
-    (lambda f, x8, i: ops.matmul_pow2scaled(f, f, 0), TypeError, "'lhs'"),
+     "^Data type popxl.dtypes.int32 not supported for popxl.ops.cast"),
+    (lambda f, x8, i: ops.matmul_pow2scaled(f, f, 0), TypeError,
+     "^Scaled matmul operands must be of dtype popxl.float8_143 or popxl.float8_152"),
+    (lambda f, x8, i: ops.matmul_pow2scaled(x8, x8, f), ValueError,
+     "^Log2 scale argument must be a scalar tensor"),
     (lambda f, x8, i: ops.matmul_pow2scaled(x8, ops.reshape(x8, (4, 1)), 0), ValueError,
      "inner dims"),
+    (lambda f, x8, i: ops.conv_pow2scaled(ops.reshape(f, (1, 1, 2, 2)),
+                                          ops.reshape(x8, (1, 1, 2, 2)), 0), TypeError,
+     "^Scaled conv operands must be of dtype popxl.float8_143 or popxl.float8_152"),
+    (lambda f, x8, i: ops.conv_transpose_pow2scaled(
+        ops.reshape(x8, (1, 1, 2, 2)), ops.reshape(x8, (1, 1, 2, 2)),
+        ops.cast(ops.reshape(i, (4,))[0], popxl.float32)), TypeError,
+     "^Log2 scale tensor must be of type popxl.int32"),
     (lambda f, x8, i: ops.conv(x8, x8), TypeError, "conv_pow2scaled"),
     (lambda f, x8, i: ops.gelu(x8), TypeError, "float8 inputs are not supported"),
 ])

@@ -21,14 +21,22 @@ def test_print_tensor_options_and_default_title(capsys):
     ir = popxl.Ir()
     with ir.main_graph:
         v = popxl.variable(np.arange(3, dtype=np.float32), popxl.float32, "vals")
-        p = ops.print_tensor(v, float_format="fixed", digits=2, separator=", ",
+        p = ops.print_tensor(v, float_format="fixed", digits=2, separator=",",
                              open_bracket="{", close_bracket="}")
+        # as upstream: one character each, and a known float format
+        with pytest.raises(ValueError, match=r"^Parameter separator must be 1 character exactly\. "
+                                             r"Not length 2 and value , \."):
+            ops.print_tensor(v, separator=", ")
+        with pytest.raises(ValueError, match="^Parameter open_bracket must be 1 character"):
+            ops.print_tensor(v, open_bracket="")
+        with pytest.raises(KeyError, match="float_format"):
+            ops.print_tensor(v, float_format="engineering")
         q = ops.print_tensor(v, print_self=False)
         assert p.name == "print_out" and ir.main_graph._data.ops[-1].type == "PrintTensor"
     with popxl.Session(ir, "ipu_hw") as s:
         capsys.readouterr()
         s.run()
-    assert capsys.readouterr().err == "print_vals: {0.00, 1.00, 2.00}\n"
+    assert capsys.readouterr().err == "print_vals: {0.00,1.00,2.00}\n"
 
 
 @pytest.mark.parametrize("print_gradient", [False, True])
@@ -86,6 +94,22 @@ def test_ipu_copy_is_identity_named_and_placed():
     with pytest.raises(ValueError, match="destination"):
         with ir.main_graph:
             ops.ipu_copy(h, -1)
+    with ir.main_graph:
+        # as upstream, a tensor with neither producer nor consumers needs an explicit source
+        lone = popxl.variable(np.ones(2), popxl.float32, "lone")
+        with pytest.raises(ValueError, match=r'^Could not infer the ipu for Tensor to be copied '
+                                             r'".*lone.*" \. Please specify `source`'):
+            ops.ipu_copy(lone, 1)
+        assert ops.ipu_copy(lone, 1, 0).ipu == 1
+        # a variable consumed on an IPU is copied from it
+        with popxl.ipu(1):
+            used = popxl.variable(np.ones(2), popxl.float32, "used")
+            used + 1.0
+        assert ir.main_graph._data.ops[-1].type != "IpuCopy"
+        ops.ipu_copy(used, 0)
+        assert ir.main_graph._data.ops[-1].attrs["source"] == 1
+        with pytest.raises(ValueError, match="already on IPU 1"):
+            ops.ipu_copy(used, 1)
 
 
 def test_io_tile_copy_is_identity():
@@ -94,7 +118,8 @@ def test_io_tile_copy_is_identity():
     np.testing.assert_array_equal(y, x)
 
 
-@pytest.mark.parametrize("build", [lambda t: ops.ipu_copy(t, 1), lambda t: ops.io_tile_copy(t)])
+@pytest.mark.parametrize("build", [lambda t: ops.ipu_copy(t, 1, 0),
+                                   lambda t: ops.io_tile_copy(t)])
 def test_copies_stop_the_gradient(build):
     _, (dx,) = grads(lambda t: build(t) + t, [np.array([1.0, 2.0])], [np.array([1.0, 1.0])])
     np.testing.assert_array_equal(dx, [1.0, 1.0])
@@ -110,7 +135,7 @@ def test_remote_code_load_is_a_no_op_and_checks_args():
         y, = ops.call(g, x)
         with pytest.raises(NotImplementedError, match="destination"):
             ops.remote_code_load(g, "io_buffer")
-        with pytest.raises(ValueError, match="destination must be one of"):
+        with pytest.raises(ValueError, match="^Not a valid location: "):
             ops.remote_code_load(g, "buffer")
         with pytest.raises(TypeError, match="popxl.Graph"):
             ops.remote_code_load("g", "executable")

@@ -228,11 +228,16 @@ ERRORS = [
     (lambda t: ops.argmax(t, 3), ValueError, "argmax: axis 3 is out of range"),
     (lambda t: ops.argmin(t, 0.5), TypeError, "argmin: the axis must be an int"),
     (lambda t: ops.topk(t, 4, 1, True, True), ValueError, r"topk: k=4 must be in \[1, 3\]"),
-    (lambda t: ops.histogram(t, [1.0, 0.0], False), ValueError, "strictly increasing"),
+    (lambda t: ops.histogram(t, [1.0, 0.0], False), ValueError,
+     r"^The input levels `\[1.0, 0.0\]` is not a monotonically increasing list"),
+    (lambda t: ops.sum(t, axis="10"), TypeError, "axis must be an int or a sequence of ints"),
+    (lambda t: ops.mean(t, axis=1.0), TypeError, "axis must be an int or a sequence of ints"),
     (lambda t: ops.l2(ops.cast(t, popxl.int32)), TypeError, "l2: .* must be a floating point"),
     (lambda t: ops.histogram(ops.cast(t, popxl.int32), [0.0], False), TypeError,
      "histogram: .* must be float16 or float32"),
-    (lambda t: ops.mean(np.ones(3)), TypeError, "mean: argument 't' must be a popxl.Tensor"),
+    (lambda t: ops.mean(np.ones(3)), TypeError,
+     r"^The input `t` is not a Tensor. Type: <class 'numpy.ndarray'>.*\(mean: argument 't' "
+     r"must be a popxl.Tensor\)"),
 ]
 
 

@@ -6,21 +6,29 @@
 On 1, 2 and 4 replicas: per-replica float8 stream data through pow2scale casts and
 matmul_pow2scaled against grouped float8 weights, float8 variables updated on the device and
 read back (one_per_group and all_replicas), written from the host, remote and RTS float8
-variables, and gradients of matmul_pow2scaled. Prints `ok <case>` / `FAIL <case>: <details>`;
-exit status 1 if any case failed.
+variables, gradients of matmul_pow2scaled, and float8 variables of every kind gathered across
+replicas and printed (upstream's float8 variable test). Prints `ok <case>` /
+`FAIL <case>: <details>`; exit status 1 if any case failed.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 import traceback
 
 import numpy as np
 import popxl
 from popxl import ops
-from popxl.fp8_utils import host_pow2scale_cast_from_fp8 as dec
+from popxl.fp8_utils import host_pow2scale_cast_from_fp8
 from popxl.fp8_utils import host_pow2scale_cast_to_fp8 as enc
 
 F8 = popxl.float8_143
+
+
+def dec(data):
+    """float32 values of float8 host data."""
+    return host_pow2scale_cast_from_fp8(data, popxl.float32)
 
 
 def _store(t):
@@ -115,11 +123,63 @@ def case_grads(R: int) -> list:
     return errs
 
 
+def case_gathered_variables(R: int) -> list:
+    """float8 variables, remote variables and (remote) RTS variables, loaded, all-gathered
+    and printed on R replicas; read back and rewritten from the host. The printed values are
+    the codes (float8 tensors are bytes on the IPU)."""
+    if R == 1:
+        return []
+    errs = []
+    second = enc(np.array([3.0, 4.0]), F8, 1)
+    for kind in ("variable", "remote", "rts", "remote_rts"):
+        ir = popxl.Ir(replication=R)
+        with ir.main_graph, popxl.in_sequence():
+            shape = (R,)
+            data = np.resize([1.0, 2.0], shape)
+            if kind == "variable":
+                v = popxl.variable(data, F8, log2_scale=1)
+                on_device = v
+            elif kind == "remote":
+                buf = popxl.remote_buffer(shape, F8, 1)
+                v = popxl.remote_variable(data, buf, 0, F8, log2_scale=1)
+                on_device = ops.remote_load(buf, 0)
+            elif kind == "rts":
+                v, shard = popxl.replica_sharded_variable(data, F8, log2_scale=1)
+                on_device = ops.collectives.replicated_all_gather(shard)
+            else:
+                buf = popxl.replica_sharded_buffer(shape, F8)
+                v = popxl.remote_replica_sharded_variable(data, buf, 0, F8, log2_scale=1)
+                on_device = ops.collectives.replicated_all_gather(ops.remote_load(buf, 0))
+            ops.print_tensor(on_device, "f8")
+            out = _store(on_device)
+        want = enc(data, F8, 1)
+        printed = io.StringIO()
+        with popxl.Session(ir, "ipu_hw") as sess, contextlib.redirect_stderr(printed):
+            res = sess.run()
+            if not np.array_equal(sess.get_tensor_data(v), want):
+                errs.append(f"{kind}: get_tensor_data differs")
+            new = np.resize(second, shape)
+            sess.write_variable_data(v, new)
+            res2 = sess.run()
+            if not np.array_equal(sess.get_tensor_data(v), new):
+                errs.append(f"{kind}: written data reads back wrong")
+        for r, got in ((res, want), (res2, new)):
+            if not np.array_equal(r[out], np.broadcast_to(got, (R,) + shape)):
+                errs.append(f"{kind}: the gathered / loaded values differ")
+        lines = [ln for ln in printed.getvalue().splitlines() if ln.startswith("f8:")]
+        wants = [f"f8: [{' '.join(str(c) for c in d.view(np.uint8))}]" for d in (want, new)]
+        p = ir._data.instance            # a popdist instance prints its own replicas' lines
+        n = R if p is None else p.local
+        if lines != [wants[0]] * n + [wants[1]] * n:     # each run, every replica
+            errs.append(f"{kind}: print_tensor printed {lines}, want {wants} for each replica")
+    return errs
+
+
 def main() -> int:
     """Run every case; print `ok <case>` / `FAIL <case>: <details>`; 1 if any failed."""
     failed = 0
     for R in (1, 2, 4):
-        for case in (case_matmul_and_variables, case_grads):
+        for case in (case_matmul_and_variables, case_grads, case_gathered_variables):
             name = f"R{R} fp8 {case.__name__[5:]}"
             try:
                 errs = case(R)

@@ -14,6 +14,9 @@
 * Optimiser state (AdamOptimizerStep, scalar `step` included) in remote buffers, against NumPy.
 * `ops.print_tensor` with replication: every replica's line reaches the host's stderr (under
   popdist instances: each instance's own replicas' lines reach its stderr).
+* Floating-point events on the device: an integer division by zero and an all-reduce that
+  overflows give their results (0, inf) without NumPy warnings; with
+  `SessionOptions.enableFloatingPointChecks` they raise naming the op.
 
 Prints `ok <case>` or `FAIL <case>: <details>`; `main()` returns the number of failing cases.
 """
@@ -23,6 +26,7 @@ import contextlib
 import io
 import sys
 import traceback
+import warnings
 from typing import List
 
 import numpy as np
@@ -181,6 +185,43 @@ def print_tensor_replicas(R: int) -> None:
     assert err.getvalue() == want, (err.getvalue(), want)
 
 
+# --- floating-point events ---------------------------------------------------------------------
+def _fp_program(R: int, checks: bool):
+    ir = popxl.Ir(replication=R)
+    ir._pb_ir.getSessionOptions().enableFloatingPointChecks = checks
+    with ir.main_graph:
+        a = popxl.variable(np.array([7, -7, 6], np.int32), name="a")
+        b = popxl.variable(np.array([0, 2, 0], np.int32), name="b")
+        big = popxl.variable(np.array([3e38, 1.0], np.float32), name="big")
+        outs = [addons.host_store(a / b),
+                addons.host_store(ops.collectives.replicated_all_reduce(big))]
+    return ir, outs
+
+
+def floating_point_events(R: int) -> None:
+    ir, (q, s) = _fp_program(R, False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with popxl.Session(ir, "ipu_hw") as session:
+            res = session.run()
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)], \
+        [str(w.message) for w in seen]
+    want_q = np.array([0, -3, 0], np.int32)          # x / 0 gives 0; division truncates
+    want_s = np.array([np.inf, float(R)], np.float32)
+    assert np.array_equal(res[q].reshape(R, 3), np.tile(want_q, (R, 1))), res[q]
+    assert np.array_equal(res[s].reshape(R, 2), np.tile(want_s, (R, 1))), res[s]
+    ir, _ = _fp_program(R, True)
+    with popxl.Session(ir, "ipu_hw") as session:
+        try:
+            session.run()
+        except Exception as e:  # noqa: BLE001 - the message is checked
+            text = str(e)
+            assert "ReplicatedAllReduce" in text and "overflow" in text, text
+            assert "enableFloatingPointChecks" in text, text
+        else:
+            raise AssertionError("enableFloatingPointChecks: the overflow did not raise")
+
+
 CASES: List[tuple] = [
     ("user guide remote_variable", remote_variable),
     ("user guide rts_var", rts_var),
@@ -190,6 +231,7 @@ CASES: List[tuple] = [
     ("adam state in remote buffers", adam_state_in_remote_buffers),
     ("print_tensor R=2", lambda: print_tensor_replicas(2)),
     ("print_tensor R=4", lambda: print_tensor_replicas(4)),
+    ("floating-point events R=2", lambda: floating_point_events(2)),
 ]
 
 
