@@ -301,8 +301,8 @@ def test_ctrl_c_then_resume(capsys, tmp_path, reference, monkeypatch):
     code, out, err = run(capsys, "--workers", "2", CONFIG, "--run-dir", str(run_dir), *SHORT)
     assert code == 130
     assert (f"Interrupted at step 8; continue from the checkpoint of step 6 with: popxl-run "
-            f"--backend local --workers 2 {CONFIG} --resume {run_dir} --set model.hidden=[32] "
-            f"--set train.global_batch=32") in err
+            f"--backend local --workers 2 {CONFIG} --resume {run_dir} --set "
+            f"'model.hidden=[32]' --set train.global_batch=32") in err
     monkeypatch.setattr(popxl_addons.TaskSession, "run", real_run)
     code, out, err = run(capsys, CONFIG, "--resume", str(run_dir), *SHORT)
     assert code == 0, err
