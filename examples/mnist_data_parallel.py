@@ -238,6 +238,11 @@ def train_batches(images: np.ndarray, labels: np.ndarray, program: TrainProgram,
         yield x, y
 
 
+def bars_off(progress: bool):
+    """tqdm's `disable`: None shows the bars only on a terminal (a log file gets none)."""
+    return None if progress else True
+
+
 def train(program: TrainProgram, epochs: int = 1, limit: int = 0, data_seed: int = 0,
           progress: bool = True, verbose: bool = True) -> list[float]:
     """Train; returns the mean loss of every optimiser step (over its micro batches and
@@ -248,7 +253,7 @@ def train(program: TrainProgram, epochs: int = 1, limit: int = 0, data_seed: int
     with program.session:
         for epoch in range(1, epochs + 1):
             bar = tqdm(train_batches(images, labels, program, epoch, data_seed),
-                       total=steps_per_epoch, disable=not progress,
+                       total=steps_per_epoch, disable=bars_off(progress),
                        desc=f"Epoch {epoch}/{epochs}")
             epoch_losses = []
             for x, y in bar:
@@ -295,7 +300,7 @@ def test(weights: Mapping[str, np.ndarray], batch_size: int = 80, max_batches: i
         n_batches = min(n_batches, max_batches)
     correct = 0
     with session:
-        for i in tqdm(range(n_batches), disable=not progress, desc="Test"):
+        for i in tqdm(range(n_batches), disable=bars_off(progress), desc="Test"):
             sl = slice(i * batch_size, (i + 1) * batch_size)
             data = normalise(images[sl]).reshape(batch_size, IMAGE_SIZE)
             out = session.run({in_stream: data})[out_stream]

@@ -107,6 +107,11 @@ def build_test_ir(batch_size: int):
     return ir, img_stream, variables, out_stream
 
 
+def bars_off(progress: bool):
+    """tqdm's `disable`: None shows the bars only on a terminal (a log file gets none)."""
+    return None if progress else True
+
+
 def train(batch_size: int = 8, epochs: int = 1, lr: float = 0.05, max_steps: int = 0,
           progress: bool = True) -> Dict[popxl.Tensor, np.ndarray]:
     images, labels = load_mnist("train")
@@ -116,7 +121,7 @@ def train(batch_size: int = 8, epochs: int = 1, lr: float = 0.05, max_steps: int
     with session:
         for epoch in range(1, epochs + 1):
             bar = tqdm(batches(images, labels, batch_size, seed=epoch),
-                       total=len(images) // batch_size, disable=not progress,
+                       total=len(images) // batch_size, disable=bars_off(progress),
                        desc=f"Epoch {epoch}/{epochs}")
             for data, lab in bar:
                 loss = session.run({img_stream: data, label_stream: lab})[loss_stream]
@@ -138,7 +143,7 @@ def test(weights: Mapping[str, np.ndarray], batch_size: int = 80, max_batches: i
     with session:
         for i, (data, lab) in enumerate(tqdm(batches(images, labels, batch_size, shuffle=False),
                                              total=len(images) // batch_size,
-                                             disable=not progress)):
+                                             disable=bars_off(progress))):
             out = session.run({img_stream: data})[out_stream]
             correct += int(np.sum(np.argmax(out, axis=-1) == lab))
             total += lab.shape[0]

@@ -25,9 +25,13 @@ from typing import List, Optional
 
 from .supervise import run_job
 
-__all__ = ["main", "find_mpiexec"]
+__all__ = ["main", "find_mpiexec", "missing_backend", "crowding_note"]
 
 BACKENDS = ("local", "mpi", "ray")
+
+
+def _install_hint(extra: str) -> str:
+    return f'the {extra} extra: pip install -e ".[{extra}]" in the popxl-dist clone'
 
 
 def find_mpiexec() -> str:
@@ -37,9 +41,28 @@ def find_mpiexec() -> str:
         return here
     found = shutil.which("mpiexec")
     if found is None:
-        raise FileNotFoundError("popxl-run --backend mpi needs `mpiexec`: pip install mpich "
-                                "mpi4py (or `pip install 'popxl-dist[mpi]'`)")
+        raise FileNotFoundError(f"mpiexec is not installed ({_install_hint('mpi')})")
     return found
+
+
+def missing_backend(backend: str) -> Optional[str]:
+    """What `backend` lacks here and which extra installs it, or None. The sentence names no
+    program: `popxl-run` and `poprun` print it after their own prefix (one line, exit
+    status 2)."""
+    import importlib.util
+
+    if backend == "mpi":
+        missing = [] if importlib.util.find_spec("mpi4py") is not None else ["mpi4py"]
+        try:
+            find_mpiexec()
+        except FileNotFoundError:
+            missing.append("mpiexec")
+        if missing:
+            return (f"{' and '.join(missing)} {'are' if len(missing) > 1 else 'is'} not "
+                    f"installed ({_install_hint('mpi')})")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        return f"Ray is not installed ({_install_hint('ray')})"
+    return None
 
 
 # Each rank runs under `sh`, which turns a death by signal into a plain exit code 1: mpiexec
@@ -109,8 +132,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="run the script as this many popdist instances (mpi or ray)")
     p.add_argument("--replicas", type=int, default=None,
                    help="global replicas of the instances (default: one per instance)")
-    p.add_argument("target", help="the Python script to run unchanged, or a YAML config of "
-                                  "the built-in job (e.g. configs/mnist.yaml)")
+    p.add_argument("target", nargs="?",
+                   help="the Python script to run unchanged, or a YAML config of the built-in "
+                        "job (e.g. configs/mnist.yaml; `popxl-run CONFIG.yaml --help` lists "
+                        "its options and keys)")
     p.add_argument("args", nargs=argparse.REMAINDER,
                    help="arguments passed to the script; for a config: [--run-dir DIR] "
                         "[--resume DIR] [--set key=value ...] [--stop-at-step N]")
@@ -129,12 +154,14 @@ def _run_instances(ns: argparse.Namespace) -> int:
                f"--replicas must be >= 1, got {replicas}" if replicas < 1 else
                f"--replicas {replicas} is not divisible by --instances {n}"
                if replicas % n else "")
+    problem = problem or _backend_problem(ns.backend)
     if problem:
         print(f"popxl-run: {problem}", file=sys.stderr)
         return 2
     if not os.path.isfile(ns.target):
         print(f"popxl-run: no such script: {ns.target}", file=sys.stderr)
         return 2
+    _print_crowding_note(ns.backend, n, "instances")
     from .instances import handle_ctrl_c
 
     handle_ctrl_c()
@@ -150,20 +177,43 @@ def _run_instances(ns: argparse.Namespace) -> int:
     return run_mpi_instances(launch, [sys.executable, ns.target, *ns.args])
 
 
-def _backend_missing(backend: str) -> Optional[str]:
-    """Why `backend` cannot start here, or None."""
-    import importlib.util
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
-    if backend == "mpi":
-        try:
-            find_mpiexec()
-        except FileNotFoundError as e:
-            return str(e)
-        if importlib.util.find_spec("mpi4py") is None:
-            return "the mpi backend needs mpi4py: pip install 'popxl-dist[mpi]'"
-    if backend == "ray" and importlib.util.find_spec("ray") is None:
-        return "the ray backend needs Ray: pip install 'popxl-dist[ray]'"
-    return None
+
+def crowding_note(processes: int, what: str) -> str:
+    """One line when `processes` worker processes (MPI ranks, Ray actors, instances) outnumber
+    the usable CPUs, else empty. Every launcher accepts more processes than CPUs (they share
+    the cores: slower, same results) and says so with this note."""
+    cpus = usable_cpus()
+    if processes <= cpus:
+        return ""
+    return (f"note: {processes} {what} on {cpus} usable CPU{'s' if cpus > 1 else ''} share the "
+            f"cores (slower; the results are the same)")
+
+
+def _print_crowding_note(backend: str, processes: int, what: str = "") -> None:
+    """The note for worker processes started on this machine: none for local (threads) or a
+    Ray cluster, which places its own actors (the address read as popxl.runtime.env's
+    ray_address does, without importing popxl here)."""
+    if backend == "local" or backend == "ray" and (
+            os.environ.get("POPXL_RAY_ADDRESS", "").strip()
+            or os.environ.get("RAY_ADDRESS", "").strip()):
+        return
+    note = crowding_note(processes, what or ("MPI ranks" if backend == "mpi" else
+                                             "Ray workers"))
+    if note:
+        print(f"popxl-run: {note}", file=sys.stderr, flush=True)
+
+
+def _backend_problem(backend: str) -> str:
+    """`--backend B: <what is missing>`, or empty when the backend can start."""
+    missing = missing_backend(backend)
+    return f"--backend {backend}: {missing}" if missing else ""
 
 
 def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
@@ -174,19 +224,14 @@ def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
         # (OpenBLAS's bits depend on it) for the runs to agree bit for bit.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .job.config import ConfigError
-    from .job.run import job_help, prepare, run_job
+    from .job.run import prepare, run_job
 
-    if any(a in ("-h", "--help") for a in args):
-        print(job_help())
-        return 0
     try:
         job = prepare([target, *args], backend, workers)
-        missing = _backend_missing(backend)
-        if missing:
-            raise ConfigError(missing)
     except ConfigError as e:
         print(f"popxl-run: {e}", file=sys.stderr)
         return 2
+    _print_crowding_note(backend, workers)
     if backend == "mpi":
         if not job.run_dir.resume:
             args = [*args, "--run-dir", str(job.run_dir.path)]   # the name chosen here
@@ -194,10 +239,29 @@ def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
     return run_job(job)
 
 
+_WHAT_TO_RUN = ("popxl-run: give a PopXL script or a job config to run, e.g. `popxl-run "
+                "configs/mnist.yaml` (the built-in MNIST job) or `popxl-run --backend mpi "
+                "--workers 2 script.py`; `popxl-run --help` lists the options")
+
+
+def _is_config(target: str) -> bool:
+    return target.endswith((".yaml", ".yml"))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    if ns.target is None:
+        parser.print_usage(sys.stderr)
+        print(_WHAT_TO_RUN, file=sys.stderr)
+        return 2
+    if _is_config(ns.target) and any(a in ("-h", "--help") for a in ns.args):
+        from .job.run import job_help
+
+        print(job_help(ns.target, ns.args))
+        return 0
     if ns.instances is not None or ns.replicas is not None:
-        if ns.target.endswith((".yaml", ".yml")):
+        if _is_config(ns.target):
             print("popxl-run: --instances runs a script as popdist instances; the built-in job "
                   "(a YAML config) runs single-controller: use --workers", file=sys.stderr)
             return 2
@@ -206,11 +270,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     if workers < 1:
         print(f"popxl-run: --workers must be >= 1, got {workers}", file=sys.stderr)
         return 2
+    problem = _backend_problem(ns.backend)
+    if problem:
+        print(f"popxl-run: {problem}", file=sys.stderr)
+        return 2
     os.environ["POPXL_BACKEND"] = ns.backend
     os.environ["POPXL_WORKERS"] = str(workers)
     _handle_ctrl_c()
-    if ns.target.endswith((".yaml", ".yml")):
+    if _is_config(ns.target):
         return _run_job(ns.backend, workers, ns.target, ns.args)
+    _print_crowding_note(ns.backend, workers)
     if ns.backend == "mpi":
         return _run_mpi(workers, ns.target, ns.args)
     from .scripts import run_script

@@ -90,19 +90,26 @@ def topology_table(launch: InstanceLaunch, num_ilds: int = 1) -> str:
     each cell spanning the replicas it holds."""
     R, N = launch.num_replicas, launch.num_instances
     hosts = list(launch.hosts) or ["localhost"]
-    unit = len(str(R - 1)) + 2
+    title = "poprun topology"
     label = len("instances") + 2
     rows = [("hosts", [(h, N // len(hosts) * launch.local_replicas) for h in hosts]),
             ("ILDs", [(str(i), R // num_ilds) for i in range(num_ilds)]),
             ("instances", [(str(i), launch.local_replicas) for i in range(N)]),
             ("replicas", [(str(r), 1) for r in range(R)])]
+    # One replica column is `unit` wide; a cell of `span` replicas spans their columns and the
+    # bars between them. The unit grows until every cell's text (and the title) fits with a
+    # space on each side, so every row has the same width.
+    unit = len(str(R - 1)) + 2
+    while any(span * unit + span - 1 < len(text) + 2 for _, items in rows
+              for text, span in items) or label + 1 + R * unit + R - 1 < len(title) + 2:
+        unit += 1
     width = R * unit + (R - 1)
     inner = label + 1 + width
 
     def cells(items: List[Tuple[str, int]]) -> str:
         return "|".join(text.center(span * unit + span - 1) for text, span in items)
 
-    lines = [" " + "=" * inner, "|" + "poprun topology".center(inner) + "|",
+    lines = [" " + "=" * inner, "|" + title.center(inner) + "|",
              "|" + "=" * inner + "|"]
     for k, (name, items) in enumerate(rows):
         lines.append("|" + f" {name}".ljust(label) + "|" + cells(items) + "|")

@@ -21,6 +21,7 @@ import argparse
 import sys
 from typing import Dict, List, Optional
 
+from .cli import crowding_note, missing_backend
 from .instances import InstanceLaunch, handle_ctrl_c, run_mpi_instances, topology_table
 from .output import POPRUN_PREFIX
 
@@ -53,13 +54,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-instances", type=int, default=1, help="instances (processes)")
     p.add_argument("--num-replicas", type=int, default=None,
                    help="global replicas (default: one per instance)")
-    p.add_argument("--ipus-per-replica", type=int, default=1)
+    p.add_argument("--ipus-per-replica", type=int, default=1, metavar="N",
+                   help="IPUs each replica spans (exported to popdist; default 1)")
     p.add_argument("--host", "-H", action="append", default=[],
                    help="comma-separated hosts (default: this host)")
-    p.add_argument("--print-topology", type=_yes_no, default=False, metavar="yes|no")
-    p.add_argument("--only-output-from-instance", type=int, default=None, metavar="N")
-    p.add_argument("--mpi-global-args", action="append", default=[], metavar="ARGS")
-    p.add_argument("--mpi-local-args", action="append", default=[], metavar="ARGS")
+    p.add_argument("--print-topology", type=_yes_no, default=False, metavar="yes|no",
+                   help="print the table of hosts, instances and replicas before starting "
+                        "(default no)")
+    p.add_argument("--only-output-from-instance", type=int, default=None, metavar="N",
+                   help="drop the stdout of every other instance (their stderr is kept)")
+    p.add_argument("--mpi-global-args", action="append", default=[], metavar="ARGS",
+                   help="options for mpiexec (Open MPI's are translated to MPICH's)")
+    p.add_argument("--mpi-local-args", action="append", default=[], metavar="ARGS",
+                   help="options for every instance's part of the mpiexec command")
     p.add_argument("--instance-mpi-local-args", action="append", default=[],
                    metavar="N:ARGS", help="MPI local arguments of instance N")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each instance runs")
@@ -113,6 +120,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"poprun: error: --ipus-per-replica must be >= 1, got {ns.ipus_per_replica}",
               file=sys.stderr)
         return 2
+    missing = missing_backend("mpi")
+    if missing:
+        print(f"poprun: error: {missing}", file=sys.stderr)
+        return 2
+    note = "" if launch.hosts else crowding_note(launch.num_instances, "instances")
+    if note:
+        print(f"poprun: {note}", file=sys.stderr, flush=True)
     if ns.print_topology:
         print(topology_table(launch), flush=True)
     handle_ctrl_c()

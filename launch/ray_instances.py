@@ -162,6 +162,7 @@ def run_ray_instances(num_instances: int, num_replicas: int, target: str, args: 
 
     from popxl.runtime.env import ray_address
     from popxl.runtime.hub import InstanceHub
+    from popxl.runtime.ray_quiet import quiet_ray_start
 
     if num_replicas % num_instances:
         raise ValueError(f"--replicas {num_replicas} is not divisible by --instances "
@@ -169,6 +170,7 @@ def run_ray_instances(num_instances: int, num_replicas: int, target: str, args: 
     started = False
     if not ray.is_initialized():
         address = ray_address()
+        quiet_ray_start(starting_local=not address, actors=num_instances, prog="popxl-run")
         common = dict(logging_level=logging.WARNING, configure_logging=False, log_to_driver=False)
         if address:
             ray.init(address=address, **common)

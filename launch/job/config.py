@@ -11,7 +11,6 @@ import copy
 import difflib
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -292,26 +291,12 @@ def fingerprint(cfg: Config) -> str:
 
 
 def check_workers(cfg: Config, backend: str, workers: int) -> None:
-    """The job's placement rules: W divides R, and W processes are startable here."""
+    """The job's placement rule: W divides R. More worker processes than CPUs are allowed, as
+    for scripts (the launcher prints a note)."""
     R = cfg.train.replicas
     if R % workers:
         raise ConfigError(f"train.replicas {R} is not divisible by --workers {workers} "
                           f"(every worker holds the same number of replicas)")
-    if backend in ("mpi", "ray"):
-        limit = _usable_cpus()
-        if backend == "ray" and os.environ.get("POPXL_RAY_ADDRESS", "").strip():
-            return                          # a cluster: Ray places the actors
-        if workers > limit:
-            raise ConfigError(f"--workers {workers} is more than the {backend} backend can "
-                              f"start here: this machine has {limit} usable CPU(s), one per "
-                              f"worker process")
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def describe(cfg: Config) -> List[str]:

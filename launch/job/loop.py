@@ -16,7 +16,7 @@ from .programs import IMAGE_SIZE, TestProgram, TrainProgram, build_test_program,
     build_train_program
 from .report import MetricsLog, plot_metrics, read_metrics, weights_digest
 
-__all__ = ["train_and_test", "evaluate"]
+__all__ = ["train_and_test", "evaluate", "plot_title"]
 
 
 def evaluate(train: TrainProgram, test: TestProgram, images: np.ndarray, labels: np.ndarray,
@@ -125,8 +125,19 @@ class _Run:
             self.saved_at = step
 
     def resume_command(self) -> str:
-        sets = "".join(f" --set {shlex.quote(s)}" for s in _sets(self.job.argv))
-        return f"popxl-run {self.job.source} --resume {self.rd.path}{sets}"
+        """The command that continues this run where it was launched: same backend and
+        workers (the digest does not depend on them, the run's speed does)."""
+        job = self.job
+        placement = "" if job.backend == "local" and job.workers == 1 else \
+            f"--backend {job.backend} --workers {job.workers} "
+        sets = "".join(f" --set {shlex.quote(s)}" for s in _sets(job.argv))
+        return (f"popxl-run {placement}{shlex.quote(str(job.source))} --resume "
+                f"{shlex.quote(str(self.rd.path))}{sets}")
+
+    def plot_title(self) -> str:
+        job = self.job
+        return plot_title(self.cfg, self.rd.path.name, job.source.name, job.backend,
+                          job.workers)
 
     def timing(self, total_s: float) -> str:
         parts = [f"Time: {total_s:.1f} s"]
@@ -183,10 +194,23 @@ def train_and_test(job) -> int:
         run.metrics.close()
     _say(f"Accuracy on test set: {acc:.2f}%")
     _say(f"weights digest: {digest}")
-    _say(plot_metrics(read_metrics(str(run.rd.metrics)), str(run.rd.plot)))
+    _say(plot_metrics(read_metrics(str(run.rd.metrics)), str(run.rd.plot), run.plot_title()))
     _say(f"Run folder: {run.rd.path} (config.yaml, metrics.jsonl, checkpoints/)")
     _say(run.timing(time.perf_counter() - t_start))
     return 0
+
+
+def plot_title(cfg, run_name: str, config_name: str, backend: str, workers: int) -> str:
+    """The run's name and what it trained (the plot's title)."""
+    t = cfg.train
+    opt = getattr(t, t.optimizer)
+    sizes = "-".join(str(n) for n in [IMAGE_SIZE, *cfg.model.hidden, 10])
+    where = backend + (f" x{workers}" if workers > 1 else "")
+    return (f"{run_name} ({config_name}): MLP {sizes} {cfg.model.activation}, "
+            f"{t.replicas} replica{'s' if t.replicas > 1 else ''} x {t.accumulation} "
+            f"accumulation, batch {t.global_batch}, {t.optimizer} lr {opt.lr:g}, "
+            f"{t.epochs} epoch{'s' if t.epochs > 1 else ''}"
+            + (f" (stop at step {t.steps})" if t.steps else "") + f"; {where}")
 
 
 def _sets(argv: List[str]) -> List[str]:

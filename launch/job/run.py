@@ -45,11 +45,38 @@ def _parser() -> _Parser:
     return p
 
 
-def job_help() -> str:
-    """The job's usage and every config key with its default."""
-    lines = [_parser().format_help(), "config keys (default):"]
-    lines += [f"  {key} ({default!r}){': ' + doc if doc else ''}"
-              for key, default, doc in schema_lines()]
+def _lookup(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def job_help(config: str = "", argv: Sequence[str] = ()) -> str:
+    """The job's usage and every config key with the value it takes in `config` (with the
+    `--set` overrides of `argv`), marking those that differ from the code's default; the
+    code's defaults alone when the config cannot be read."""
+    lines = [_parser().format_help()]
+    values, where = None, ""
+    if config:
+        try:
+            source, data = load_config(config)
+            sets = [a for i, a in enumerate(argv) if i and argv[i - 1] == "--set"]
+            sets += [a[len("--set="):] for a in argv if a.startswith("--set=")]
+            values = resolve(apply_sets(data, sets)).to_dict()
+            where = source.name + (" with --set" if sets else "")
+        except ConfigError as e:
+            lines.append(f"({config} could not be read: {e})")
+    if values is None:
+        lines.append("config keys (default):")
+        lines += [f"  {key} ({default!r}){': ' + doc if doc else ''}"
+                  for key, default, doc in schema_lines()]
+        return "\n".join(lines)
+    lines.append(f"config keys (value in {where}; [default: ...] where it differs from the "
+                 f"default):")
+    for key, default, doc in schema_lines():
+        value = _lookup(values, key)
+        changed = f" [default: {default!r}]" if value != default else ""
+        lines.append(f"  {key} ({value!r}){changed}{': ' + doc if doc else ''}")
     return "\n".join(lines)
 
 
@@ -64,12 +91,14 @@ class Job:
     """A checked job: its config, where it writes, how it stops."""
 
     def __init__(self, cfg: Config, source: Path, run_dir: RunDir, stop_at_step: int,
-                 argv: Sequence[str]):
+                 argv: Sequence[str], backend: str = "local", workers: int = 1):
         self.cfg = cfg
         self.source = source
         self.run_dir = run_dir
         self.stop_at_step = stop_at_step
         self.argv = list(argv)
+        self.backend = backend
+        self.workers = workers
 
     def run(self) -> int:
         from .loop import train_and_test
@@ -85,7 +114,7 @@ def prepare(argv: Sequence[str], backend: str, workers: int) -> Job:
     check_workers(cfg, backend, workers)
     check_data(cfg)
     run_dir = plan_run_dir(cfg, source, ns.run_dir, ns.resume)
-    return Job(cfg, source, run_dir, ns.stop_at_step, argv)
+    return Job(cfg, source, run_dir, ns.stop_at_step, argv, backend, workers)
 
 
 def _usage_error(e: ConfigError) -> int:

@@ -97,9 +97,12 @@ class MPIInstanceGroup(InstanceGroup):
         super().__init__(index, size)
         try:
             from mpi4py import MPI
-        except ImportError as e:
-            raise ImportError("popdist instances over MPI need mpi4py: pip install "
-                              "'popxl-dist[mpi]'") from e
+        except ModuleNotFoundError as e:
+            if e.name != "mpi4py":
+                raise
+            raise ModuleNotFoundError('popdist instances over MPI: mpi4py is not installed (the '
+                                      'mpi extra: pip install -e ".[mpi]" in the popxl-dist '
+                                      'clone)', name="mpi4py") from None
         world = MPI.COMM_WORLD
         if (world.Get_rank(), world.Get_size()) != (index, size):
             raise RuntimeError(f"popdist says this is instance {index} of {size}, but it is MPI "

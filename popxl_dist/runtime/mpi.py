@@ -382,9 +382,12 @@ def mpi_pool() -> MPIPool:
     if _POOL is None:
         try:
             from mpi4py import MPI
-        except ImportError as e:
-            raise ImportError("POPXL_BACKEND=mpi needs mpi4py: pip install 'popxl-dist[mpi]'") \
-                from e
+        except ModuleNotFoundError as e:
+            if e.name != "mpi4py":
+                raise
+            raise ModuleNotFoundError('POPXL_BACKEND=mpi: mpi4py is not installed (the mpi '
+                                      'extra: pip install -e ".[mpi]" in the popxl-dist clone)',
+                                      name="mpi4py") from None
         size = MPI.COMM_WORLD.Get_size()
         want = worker_count(default=size)
         if not _LAUNCHED and (size > 1 or want > 1):

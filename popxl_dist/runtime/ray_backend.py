@@ -37,6 +37,7 @@ from .mesh import MeshMember
 from .pipes import shm_supported, unlink_segments
 from .polling import Backoff, process_start_time, process_stopped
 from .pool import WorkerPool
+from .ray_quiet import quiet_ray_start
 from .service import WorkerService
 
 __all__ = ["RayPool", "ray_pool"]
@@ -129,6 +130,7 @@ class _RayProcess:
         if ray.is_initialized():
             return
         address = ray_address()
+        quiet_ray_start(starting_local=not address, actors=actors)
         quiet = {"logging_level": logging.WARNING, "configure_logging": False}
         if address:
             ray.init(address=address, **quiet)
@@ -463,9 +465,12 @@ def ray_pool(size: int) -> RayPool:
     if _POOL is None:
         try:
             import ray  # noqa: F401
-        except ImportError as e:
-            raise ImportError("POPXL_BACKEND=ray needs Ray: pip install 'popxl-dist[ray]'") \
-                from e
+        except ModuleNotFoundError as e:
+            if e.name != "ray":
+                raise
+            raise ModuleNotFoundError('POPXL_BACKEND=ray: Ray is not installed (the ray extra: '
+                                      'pip install -e ".[ray]" in the popxl-dist clone)',
+                                      name="ray") from None
         if not _RAY.registered:
             _RAY.registered = True
             atexit.register(_RAY.shutdown)

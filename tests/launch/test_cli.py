@@ -61,3 +61,40 @@ print(out.tolist())
     assert main(["--backend", "local", "--workers", "2", script]) == 0
     assert capsys.readouterr().out.strip() == str([[6.0, 7.0]] * 4)
     assert os.environ["POPXL_WORKERS"] == "2"
+
+
+def test_missing_mpi_names_what_is_missing_and_the_extra(monkeypatch, tmp_path):
+    import importlib.util
+
+    from popxl_launch import cli
+
+    monkeypatch.setattr(cli.sys, "executable", str(tmp_path / "python"))   # no mpiexec beside
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r'^mpiexec is not installed \(the mpi extra: '
+                                                r'pip install -e "\.\[mpi\]" in the popxl-dist '
+                                                r'clone\)$'):
+        cli.find_mpiexec()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mpi4py" else real(name, *a))
+    assert cli.missing_backend("mpi") == ('mpi4py and mpiexec are not installed (the mpi '
+                                          'extra: pip install -e ".[mpi]" in the popxl-dist '
+                                          'clone)')
+    assert cli.missing_backend("local") is None
+
+
+def test_a_job_with_more_workers_than_cpus_starts_with_a_note(tmp_path, capsys, monkeypatch):
+    """The YAML job follows the launchers' rule (tests/launch/test_console_scripts.py): more
+    worker processes than usable CPUs are accepted, with a note."""
+    from popxl_launch import cli
+
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "mnist.yaml")
+    started = []
+    monkeypatch.setattr(cli, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(cli, "missing_backend", lambda backend: None)
+    monkeypatch.setattr(cli, "_run_mpi", lambda *a: started.append(a) or 0)
+    assert main(["--backend", "mpi", "--workers", "4", config, "--set", "train.replicas=4",
+                 "--run-dir", str(tmp_path / "run")]) == 0
+    assert started and started[0][0] == 4
+    assert capsys.readouterr().err == ("popxl-run: note: 4 MPI ranks on 1 usable CPU share "
+                                       "the cores (slower; the results are the same)\n")

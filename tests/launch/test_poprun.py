@@ -42,6 +42,12 @@ def test_topology_table():
     assert len({len(line) for line in lines if line.startswith("|")}) == 1   # aligned rows
     assert lines[3].split("|")[2:4] == ["a".center(29), "b".center(29)]   # 6 cells of 4
     assert "| 10 | 11 |" in lines[9]
+    for n, r in ((1, 1), (2, 2), (1, 3)):  # cells too narrow for "localhost" or the title
+        lines = topology_table(InstanceLaunch(n, r)).splitlines()
+        assert len({len(line) for line in lines if line.startswith("|")}) == 1, \
+            "\n".join(lines)
+        assert " localhost " in lines[3]
+        assert lines[1].strip("| ") == "poprun topology"
 
 
 def test_open_mpi_arguments_become_hydra_arguments():

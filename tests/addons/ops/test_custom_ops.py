@@ -9,6 +9,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 import popxl_addons as addons
+import references as ref
 from harness import grads, run_ops
 from popxl_addons.layers.linear_gq import LinearGQ
 from popxl_addons.ops.group_quantize_decompress import (
@@ -142,10 +143,11 @@ def test_group_quantize_constant_groups_and_errors():
 
 
 def test_linear_gq_forward_gradient_and_torch_mapping():
-    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(7)
     x = rng.normal(size=(3, 16)).astype(np.float16)
-    layer = torch.nn.Linear(16, 8)
+    # a torch.nn.Linear(16, 8): weight (out, in), bias, both U(-1/4, 1/4) as torch initialises
+    layer = ref.TorchLikeLayer(weight=rng.uniform(-0.25, 0.25, (8, 16)).astype(np.float32),
+                               bias=rng.uniform(-0.25, 0.25, (8,)).astype(np.float32))
     ir = popxl.Ir()
     with ir.main_graph:
         s = popxl.h2d_stream(x.shape, popxl.float16, "x")
@@ -165,10 +167,10 @@ def test_linear_gq_forward_gradient_and_torch_mapping():
     w = group_quantize_decompress_numpy(weights[variables.weight],
                                         weights[variables.weight_scale],
                                         weights[variables.weight_bias], -1).astype(np.float32)
-    want = x.astype(np.float32) @ w + layer.bias.detach().numpy()
+    want = x.astype(np.float32) @ w + layer.bias.numpy()
     np.testing.assert_allclose(y, want, rtol=2e-2, atol=2e-2)
-    np.testing.assert_allclose(y, x.astype(np.float32) @ layer.weight.detach().numpy().T
-                               + layer.bias.detach().numpy(), atol=0.1)   # quantisation error
+    np.testing.assert_allclose(y, x.astype(np.float32) @ layer.weight.numpy().T
+                               + layer.bias.numpy(), atol=0.1)   # quantisation error
     np.testing.assert_allclose(gx, np.ones((3, 8)) @ w.T, rtol=2e-2, atol=2e-2)
 
 

@@ -146,13 +146,68 @@ def test_plot_skipped_without_matplotlib(capsys, tmp_path, monkeypatch):
     assert (tmp_path / "a" / "metrics.jsonl").exists()
 
 
-def test_plot_written_with_matplotlib(capsys, tmp_path):
+def _run_figure(run_dir: Path):
+    """The run's plot as the job draws it (its metrics, its title), and its rows."""
+    import yaml
+
+    from popxl_launch.job.config import resolve
+    from popxl_launch.job.loop import plot_title
+    from popxl_launch.job.report import metrics_figure, read_metrics
+
+    rows = read_metrics(str(run_dir / "metrics.jsonl"))
+    cfg = resolve(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    return metrics_figure(rows, plot_title(cfg, run_dir.name, "mnist.yaml", "local", 1)), rows
+
+
+def _check_figure(fig, rows, run_name):
+    """The plot of `rows`: loss on a log scale, every panel over the whole run's steps, the
+    accuracy axis a few points wide around the evaluations, throughput from 0."""
+    ax_loss, ax_acc, ax_rate = fig.axes
+    last = max(r["step"] for r in rows)
+    title = fig.get_suptitle()
+    assert title.startswith(f"{run_name} (mnist.yaml): MLP 784-32-10 gelu, 2 replicas x 1 "
+                            f"accumulation, batch 32, sgd lr 0.1"), title
+    assert ax_loss.get_yscale() == "log" and ax_acc.get_yscale() == "linear"
+    for ax in (ax_loss, ax_acc, ax_rate):
+        lo, hi = ax.get_xlim()
+        assert lo <= 1 and last <= hi <= last * 1.1, (ax.get_title(), lo, hi)
+    losses = [r["loss"] for r in rows if "loss" in r]
+    lo, hi = ax_loss.get_ylim()
+    assert lo <= min(losses) and max(losses) <= hi
+    accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
+    lo, hi = ax_acc.get_ylim()
+    assert 0 <= lo <= min(accs) and max(accs) <= hi <= 100 and hi - lo >= 2
+    assert f"{accs[-1]:.2f}%" in [t.get_text() for t in ax_acc.texts]
+    assert ax_rate.get_ylim()[0] == 0
+    assert ax_rate.get_ylim()[1] > max(r["samples_per_s"] for r in rows if "loss" in r) / 2
+
+
+def test_plot_of_a_run_with_many_evaluations(reference):
     pytest.importorskip("matplotlib")
-    code, out, err = run(capsys, *PLOT_ARGS, "--run-dir", str(tmp_path / "b"))
+    import matplotlib.image
+
+    run_dir, _ = reference
+    fig, rows = _run_figure(run_dir)
+    _check_figure(fig, rows, run_dir.name)
+    assert fig.axes[1].get_title() == "Test accuracy (4 evaluations)"
+    assert len(fig.axes[1].lines[0].get_xdata()) == 4
+    image = matplotlib.image.imread(str(run_dir / "metrics.png"))
+    assert image.shape[:2] == (460, 1500)               # 15 x 4.6 inches at 100 dpi
+
+
+def test_plot_of_a_run_with_one_evaluation(capsys, tmp_path):
+    """One evaluation (at the end): a point at its step on the run's step axis."""
+    pytest.importorskip("matplotlib")
+    code, out, err = run(capsys, *PLOT_ARGS, "--set", "train.steps=12", "--set",
+                         "test.eval_every=0", "--run-dir", str(tmp_path / "b"))
     assert code == 0, err
     png = tmp_path / "b" / "metrics.png"
     assert f"plot: {png}" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig, rows = _run_figure(tmp_path / "b")
+    _check_figure(fig, rows, "b")
+    assert fig.axes[1].get_title() == "Test accuracy (1 evaluation)"
+    assert "(stop at step 12); local" in fig.get_suptitle()
 
 
 def test_default_run_folder_is_under_runs(capsys, tmp_path, monkeypatch):
@@ -200,8 +255,6 @@ def bad_input_cases(tmp: Path, existing: Path):
         ([CONFIG, "--set", "train.global_batch=63"], "not divisible by train.replicas x"),
         ([CONFIG, "--set", f"data.dir={idx}"], "has no MNIST file 'train-labels-idx1-ubyte'"),
         (["--workers", "3", CONFIG], "train.replicas 2 is not divisible by --workers 3"),
-        (["--backend", "mpi", "--workers", "64", CONFIG, "--set", "train.replicas=64",
-          "--set", "test.batch_size=640"], "more than the mpi backend can start"),
         ([CONFIG, "--resume", str(not_a_run)], "not a popxl-run run folder"),
         ([CONFIG, "--resume", str(existing), *SHORT, "--set", "train.epochs=3"],
          "written by another config (train.epochs: 2 there, 3 here)"),
@@ -231,8 +284,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(capsys, tmp_path, ex
 
 
 def test_ctrl_c_then_resume(capsys, tmp_path, reference, monkeypatch):
-    """Ctrl-C during step 9: exit status 130, the way to continue is printed, and the resumed
-    run redoes steps 7.. from the checkpoint of step 6 and ends with the reference weights."""
+    """Ctrl-C during step 9 (on 2 worker threads): exit status 130, the way to continue is
+    printed with the same placement, and the resumed run (here on one worker) redoes steps 7..
+    from the checkpoint of step 6 and ends with the reference weights."""
     import popxl_addons
 
     real_run = popxl_addons.TaskSession.run
@@ -244,10 +298,11 @@ def test_ctrl_c_then_resume(capsys, tmp_path, reference, monkeypatch):
 
     run_dir = tmp_path / "run"
     monkeypatch.setattr(popxl_addons.TaskSession, "run", interrupted)
-    code, out, err = run(capsys, CONFIG, "--run-dir", str(run_dir), *SHORT)
+    code, out, err = run(capsys, "--workers", "2", CONFIG, "--run-dir", str(run_dir), *SHORT)
     assert code == 130
     assert (f"Interrupted at step 8; continue from the checkpoint of step 6 with: popxl-run "
-            f"{CONFIG} --resume {run_dir}") in err
+            f"--backend local --workers 2 {CONFIG} --resume {run_dir} --set "
+            f"'model.hidden=[32]' --set train.global_batch=32") in err
     monkeypatch.setattr(popxl_addons.TaskSession, "run", real_run)
     code, out, err = run(capsys, CONFIG, "--resume", str(run_dir), *SHORT)
     assert code == 0, err
@@ -275,12 +330,20 @@ def test_rts_config_resumes_bitwise(capsys, tmp_path):
     assert digest_of(resumed) == digest_of(out)
 
 
-def test_help_lists_the_options_and_every_key(capsys):
+def test_help_lists_the_options_and_every_key_with_the_configs_values(capsys):
     code, out, err = run(capsys, CONFIG, "--help")
     assert code == 0 and err == ""
     for text in ("--run-dir", "--resume", "--set KEY=VALUE", "--stop-at-step",
-                 "train.global_batch (64)", "data.source ('auto')"):
-        assert text in out
+                 "value in mnist.yaml", "train.global_batch (128) [default: 64]",
+                 "train.epochs (30) [default: 1]", "train.sgd.lr (0.1) [default: 0.05]",
+                 "train.replicas (2)\n", "data.source ('auto')"):
+        assert text in out, text
+    code, out, err = run(capsys, CONFIG, "--set", "train.epochs=3", "-h")
+    assert code == 0 and "value in mnist.yaml with --set" in out
+    assert "train.epochs (3) [default: 1]" in out
+    code, out, err = run(capsys, "nothing.yaml", "--help")
+    assert code == 0 and "(nothing.yaml could not be read: no such config file" in out
+    assert "train.global_batch (64)" in out and "config keys (default):" in out
 
 
 def test_resuming_a_finished_run_evaluates_it_again(capsys, tmp_path, reference):

@@ -124,16 +124,11 @@ def test_malformed_files(tmp_path, text, message):
     assert load_config(str(empty))[1] == {}
 
 
-def test_worker_placement(monkeypatch):
+def test_worker_placement():
     cfg = resolve({"train": {"replicas": 4}})
     check_workers(cfg, "local", 2)
     with pytest.raises(ConfigError, match="train.replicas 4 is not divisible by --workers 3"):
         check_workers(cfg, "local", 3)
     big = resolve({"train": {"replicas": 64}, "test": {"batch_size": 640}})
-    check_workers(big, "local", 64)          # threads: no process limit
-    for backend in ("mpi", "ray"):
-        with pytest.raises(ConfigError, match=f"--workers 64 is more than the {backend} "
-                                              f"backend can start here"):
-            check_workers(big, backend, 64)
-    monkeypatch.setenv("POPXL_RAY_ADDRESS", "10.0.0.1:6379")
-    check_workers(big, "ray", 64)            # a cluster places its own actors
+    for backend in ("local", "mpi", "ray"):  # more processes than CPUs: allowed, as for
+        check_workers(big, backend, 64)      # scripts (the launcher prints a note)

@@ -46,8 +46,10 @@ def test_idx_folder_source(tmp_path):
 
 def test_torchvision_source(monkeypatch, tmp_path):
     """With torchvision's `datasets.MNIST(root, train=, download=False)` (a stand-in module
-    with the same interface: `.data` / `.targets` tensors) and without torchvision."""
-    torch = pytest.importorskip("torch")
+    with the same interface: `.data` / `.targets` tensors, here NumPy arrays behind torch's
+    `.numpy()`) and without torchvision."""
+    from references import TorchLikeTensor
+
     calls = []
 
     class MNIST:
@@ -56,8 +58,8 @@ def test_torchvision_source(monkeypatch, tmp_path):
             images, labels = load_mnist("train" if train else "test")
             if not (tmp_path / "MNIST").exists():
                 raise RuntimeError("Dataset not found. You can use download=True to download it")
-            self.data, self.targets = torch.from_numpy(images[:50].copy()), \
-                torch.from_numpy(labels[:50].astype(np.int64))
+            self.data, self.targets = TorchLikeTensor(images[:50].copy()), \
+                TorchLikeTensor(labels[:50].astype(np.int64))
 
     fake = types.ModuleType("torchvision")
     fake.datasets = types.SimpleNamespace(MNIST=MNIST)

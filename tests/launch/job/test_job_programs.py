@@ -1,7 +1,8 @@
-"""The main job's programs against independent references: `SGDStep` against NumPy (and
-torch.optim.SGD), one training step of the data-parallel program (replicas, accumulation, loss
-scaling, SGD or Adam) against torch autograd, RTS training bit for bit equal to unsharded
-training, and the test program's predictions after the weight copy."""
+"""The main job's programs against independent references: `SGDStep` against NumPy
+(torch.optim.SGD's update), two training steps of the data-parallel program (replicas,
+accumulation, loss scaling, SGD or Adam) against the MLP's backpropagation and torch.optim's
+SGD / Adam updates written in NumPy, RTS training bit for bit equal to unsharded training, and
+the test program's predictions after the weight copy."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,8 @@ import popxl
 import popxl_addons as addons
 import pytest
 from popxl import ops
+
+import references as ref
 
 from popxl_launch.job.config import resolve
 from popxl_launch.job.loop import evaluate
@@ -40,6 +43,7 @@ def _sgd_program(replicas: int, sharded: bool, **kwargs):
 
 
 def _sgd_reference(w, grads, lr, momentum=0.0, weight_decay=0.0, loss_scaling=1.0):
+    """torch.optim.SGD (dampening 0, no Nesterov) on the unscaled gradients."""
     v = np.zeros_like(w, dtype=np.float64)
     w = w.astype(np.float64)
     for g in grads:
@@ -70,14 +74,6 @@ def test_sgd_step_matches_reference(kwargs, replicas, sharded):
         got = session.get_tensor_data(var)
     np.testing.assert_allclose(got, _sgd_reference(init, grads, **kwargs), rtol=1e-5,
                                atol=1e-6)
-    torch = pytest.importorskip("torch")
-    w = torch.tensor(init, requires_grad=True)
-    opt = torch.optim.SGD([w], lr=kwargs["lr"], momentum=kwargs.get("momentum", 0.0),
-                          weight_decay=kwargs.get("weight_decay", 0.0))
-    for g in grads:
-        w.grad = torch.tensor(g / kwargs.get("loss_scaling", 1.0))
-        opt.step()
-    np.testing.assert_allclose(got, w.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
 TINY = {"model": {"hidden": [16, 12]}, "train": {"replicas": 2, "accumulation": 2,
@@ -116,6 +112,51 @@ def _batches(cfg, n, seed=0):
              rng.integers(0, 10, size=lead + (mb,)).astype(np.int32)) for _ in range(n)]
 
 
+def _mlp_loss_and_grads(params, x, y, activation):
+    """Mean cross entropy of the MLP (x @ W + b per layer, the activation between layers) and
+    its gradients w.r.t. params, by backpropagation in float64."""
+    act, dact = ((lambda z: ref.gelu_tanh(z), lambda z: ref.gelu_tanh(z, 1))
+                 if activation == "gelu" else
+                 (lambda z: np.maximum(z, 0), lambda z: (z > 0).astype(np.float64)))
+    n_layers = len(params) // 2
+    hs, zs = [x.astype(np.float64)], []
+    for i in range(n_layers):
+        zs.append(hs[-1] @ params[2 * i] + params[2 * i + 1])
+        hs.append(act(zs[-1]) if i < n_layers - 1 else zs[-1])
+    loss, dz = ref.cross_entropy(hs[-1], y, "mean", dloss=1.0)
+    grads = [None] * len(params)
+    for i in reversed(range(n_layers)):
+        grads[2 * i], grads[2 * i + 1] = hs[i].T @ dz, dz.sum(0)
+        if i:
+            dz = (dz @ params[2 * i].T) * dact(zs[i - 1])
+    return loss, grads
+
+
+class _TorchOptimizer:
+    """torch.optim.SGD (momentum, L2 weight decay, dampening 0) and torch.optim.Adam (bias
+    corrections, eps added to the corrected sqrt(v)), as their documentation defines them."""
+
+    def __init__(self, params, train):
+        self.params, self.t, self.kind = params, 0, train.optimizer
+        self.hp = getattr(train, train.optimizer)
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+
+    def step(self, grads):
+        self.t += 1
+        hp = self.hp
+        for k, (p, g) in enumerate(zip(self.params, grads)):
+            g = g + hp.weight_decay * p
+            if self.kind == "sgd":
+                self.m[k] = hp.momentum * self.m[k] + g if hp.momentum else g
+                p -= hp.lr * self.m[k]
+            else:
+                self.m[k] = hp.beta1 * self.m[k] + (1 - hp.beta1) * g
+                self.v[k] = hp.beta2 * self.v[k] + (1 - hp.beta2) * g * g
+                denom = np.sqrt(self.v[k]) / np.sqrt(1 - hp.beta2 ** self.t) + hp.eps
+                p -= hp.lr / (1 - hp.beta1 ** self.t) * self.m[k] / denom
+
+
 @pytest.mark.parametrize("extra", [
     {"train": {"optimizer": "sgd", "sgd": {"lr": 0.1, "momentum": 0.9}}},
     {"train": {"optimizer": "sgd", "loss_scaling": 128.0, "sgd": {"lr": 0.1, "momentum": 0.0,
@@ -124,42 +165,26 @@ def _batches(cfg, n, seed=0):
     {"model": {"activation": "relu"}, "train": {"optimizer": "adam", "loss_scaling": 16.0,
                                                 "adam": {"lr": 0.01}}},
 ])
-def test_training_steps_match_torch(extra):
+def test_training_steps_match_reference(extra):
     """Two optimiser steps: the mean loss over all replicas and micro batches, backpropagated
-    through the MLP in torch, updated by torch's optimiser."""
-    torch = pytest.importorskip("torch")
+    through the MLP, updated as torch's optimiser does (all in NumPy, float64)."""
     cfg = resolve(_merge(TINY, extra))
     batches = _batches(cfg, 2)
     before, after, losses, _ = _run_steps(cfg, batches)
     n_layers = len(cfg.model.hidden) + 1
     params = []
     for i in range(1, n_layers + 1):
-        params += [torch.tensor(before[f"fc{i}.weight"], requires_grad=True),
-                   torch.tensor(before[f"fc{i}.bias"], requires_grad=True)]
-    t = cfg.train
-    if t.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=t.sgd.lr, momentum=t.sgd.momentum,
-                              weight_decay=t.sgd.weight_decay)
-    else:
-        opt = torch.optim.Adam(params, lr=t.adam.lr, betas=(t.adam.beta1, t.adam.beta2),
-                               eps=t.adam.eps)
-    act = (lambda z: torch.nn.functional.gelu(z, approximate="tanh")) \
-        if cfg.model.activation == "gelu" else torch.relu
+        params += [before[f"fc{i}.weight"].astype(np.float64),
+                   before[f"fc{i}.bias"].astype(np.float64)]
+    opt = _TorchOptimizer(params, cfg.train)
     for (x, y), loss in zip(batches, losses):
-        h = torch.tensor(x.reshape(-1, 784))
-        for i in range(n_layers):
-            h = h @ params[2 * i] + params[2 * i + 1]
-            if i < n_layers - 1:
-                h = act(h)
-        ref = torch.nn.functional.cross_entropy(h, torch.tensor(y.reshape(-1)).long())
-        np.testing.assert_allclose(np.mean(loss), ref.item(), rtol=1e-5)
-        opt.zero_grad()
-        ref.backward()
-        opt.step()
+        want, grads = _mlp_loss_and_grads(params, x.reshape(-1, 784), y.reshape(-1),
+                                          cfg.model.activation)
+        np.testing.assert_allclose(np.mean(loss), want, rtol=1e-5)
+        opt.step(grads)
     for i in range(1, n_layers + 1):
         for j, name in enumerate(("weight", "bias")):
-            np.testing.assert_allclose(after[f"fc{i}.{name}"],
-                                       params[2 * (i - 1) + j].detach().numpy(),
+            np.testing.assert_allclose(after[f"fc{i}.{name}"], params[2 * (i - 1) + j],
                                        rtol=2e-4, atol=2e-6, err_msg=f"fc{i}.{name}")
 
 

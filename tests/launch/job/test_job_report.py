@@ -7,7 +7,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from popxl_launch.job.report import MetricsLog, plot_metrics, read_metrics, weights_digest
+from popxl_launch.job.report import (MetricsLog, metrics_figure, plot_metrics, read_metrics,
+                                     weights_digest)
 
 
 def test_weights_digest_is_sha256_in_name_order():
@@ -47,9 +48,23 @@ def test_metrics_log_appends_and_keeps_rows_up_to_a_resumed_step(tmp_path):
 
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    rows = [{"step": s, "loss": 1.0 / s} for s in range(1, 10)] + \
-           [{"step": 9, "test_accuracy": 90.0}]
-    msg = plot_metrics(rows, str(tmp_path / "p.png"))
+    rows = [{"step": s, "loss": 1.0 / s, "samples_per_s": 100.0 + s} for s in range(1, 391)] + \
+           [{"step": 390, "test_accuracy": 95.21}]
+    msg = plot_metrics(rows, str(tmp_path / "p.png"), "run-1 (mnist.yaml)")
     assert msg == f"plot: {tmp_path / 'p.png'}"
     assert (tmp_path / "p.png").stat().st_size > 1000
+    fig = metrics_figure(rows, "run-1 (mnist.yaml)")
+    ax_loss, ax_acc, ax_rate = fig.axes
+    assert fig.get_suptitle() == "run-1 (mnist.yaml)"
+    assert ax_loss.get_yscale() == "log" and ax_loss.get_ylim()[0] <= 1 / 390
+    assert [len(line.get_xdata()) for line in ax_loss.lines] == [390, 390]   # each, averaged
+    assert ax_acc.get_xlim()[0] <= 1 and ax_acc.get_xlim()[1] >= 390   # the run's steps,
+    lo, hi = ax_acc.get_ylim()                                          # not 370..410
+    assert lo <= 94.21 and 96.21 <= hi <= 100
+    assert [t.get_text() for t in ax_acc.texts] == ["95.21%"]
+    assert ax_rate.get_ylim()[0] == 0 and ax_rate.get_ylim()[1] >= 490
+    # a loss that reaches 0 (every probability rounded to 1) is a gap on the log axis
+    zero = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.0}, {"step": 3, "loss": 0.25}]
+    drawn = metrics_figure(zero).axes[0].lines[0].get_ydata()
+    assert drawn[0] == 0.5 and np.isnan(drawn[1]) and drawn[2] == 0.25
     assert plot_metrics([], str(tmp_path / "empty.png")).startswith("plot: ")

@@ -1,6 +1,6 @@
 """`ops.collectives.all_reduce` and its identical variants: reductions across the IPUs of one
-replica, against NumPy, with gradients against torch autograd (the plain all-reduce) and the
-Megatron f/g semantics (the identical variants)."""
+replica, against NumPy, with gradients against the chain rule written in NumPy (the plain
+all-reduce) and the Megatron f/g semantics (the identical variants)."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,8 +78,7 @@ def test_outputs_sit_on_their_inputs_ipus_and_print_as_one_op():
         assert op.type == "AllReduce" and op.attrs["ipus"] == (2, 5)
 
 
-def test_gradients_against_torch_and_fg_semantics():
-    torch = pytest.importorskip("torch")
+def test_gradients_against_numpy_and_fg_semantics():
     rng = np.random.default_rng(1)
     xs = [rng.normal(size=(2, 3)).astype(np.float32) for _ in range(3)]
     ws = [rng.normal(size=(2, 3)).astype(np.float32) for _ in range(3)]
@@ -94,14 +93,12 @@ def test_gradients_against_torch_and_fg_semantics():
             return tuple(fn(placed))
         return build
 
-    # plain all-reduce: the true gradient of y_i = sum_j x_j w_j
+    # plain all-reduce: the true gradient of y_i = sum_j x_j w_j, i.e. of
+    # sum_i <y_i, dy_i> w.r.t. x_j: w_j * sum_i dy_i
     _, g = grads(net(C.all_reduce), xs + ws, dys)
-    tx = [torch.tensor(x, requires_grad=True) for x in xs]
-    tw = [torch.tensor(w) for w in ws]
-    total = sum(a * b for a, b in zip(tx, tw))
-    sum((total * torch.tensor(d)).sum() for d in dys).backward()
-    for got, t in zip(g[:3], tx):
-        np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-5)
+    dy_sum = sum(d.astype(np.float64) for d in dys)
+    for j in range(3):
+        np.testing.assert_allclose(g[j], ws[j] * dy_sum, rtol=1e-5)
     # identical inputs (f): forward identity, backward all-reduce of dy_i * w_i
     _, g = grads(net(C.all_reduce_identical_inputs), xs + ws, dys)
     want = sum(d for d in dys)

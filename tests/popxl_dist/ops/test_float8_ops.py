@@ -1,5 +1,6 @@
 """float8 ops: pow2scale casts, matmul_pow2scaled, conv_pow2scaled, conv_transpose_pow2scaled
-against NumPy / torch on the decoded values, their gradients, and their errors.
+against NumPy references (tests/references.py) on the decoded values, their gradients, and
+their errors.
 
 float8 data on the host (stream inputs and outputs) is arrays of the structured float8 dtypes,
 as upstream."""
@@ -11,6 +12,7 @@ import popxl.ops as ops
 from popxl.fp8_utils import host_pow2scale_cast_from_fp8 as dec
 from popxl.fp8_utils import host_pow2scale_cast_to_fp8 as enc
 
+import references as ref
 from harness import run_ops
 
 F8 = {"143": popxl.float8_143, "152": popxl.float8_152}
@@ -77,14 +79,8 @@ def test_matmul_pow2scaled_python_int_scale_and_op_type():
     assert op.type == "MatMul" and len(op.inputs) == 3 and y.dtype == popxl.float16
 
 
-def _torch_conv(x, w, transpose, **kw):
-    torch = pytest.importorskip("torch")
-    f = torch.nn.functional.conv_transpose2d if transpose else torch.nn.functional.conv2d
-    return f(torch.tensor(x), torch.tensor(w), **kw).numpy()
-
-
 @pytest.mark.parametrize("transpose", [False, True])
-def test_conv_pow2scaled_and_transpose_match_torch(transpose):
+def test_conv_pow2scaled_and_transpose_match_reference(transpose):
     rng = np.random.default_rng(2)
     x = fp8_array(rng.normal(size=(2, 4, 5, 5)), popxl.float8_143, 1)
     w = fp8_array(rng.normal(size=(4, 2, 3, 3)), popxl.float8_152)
@@ -92,12 +88,13 @@ def test_conv_pow2scaled_and_transpose_match_torch(transpose):
     if transpose:
         y, = run_ops(lambda a, b, k: ops.conv_transpose_pow2scaled(
             a, b, k, output_padding=(1, 0), **kw), x, w, scale(-2))
-        want = _torch_conv(values(x).astype(np.float64), values(w).astype(np.float64), True,
-                           stride=(2, 1), padding=(1, 0), groups=2, output_padding=(1, 0))
+        want = ref.conv_transpose(values(x).astype(np.float64), values(w).astype(np.float64),
+                                  stride=(2, 1), pads=(1, 0, 1, 0), groups=2,
+                                  output_padding=(1, 0))
     else:
         y, = run_ops(lambda a, b, k: ops.conv_pow2scaled(a, b, k, **kw), x, w, scale(-2))
-        want = _torch_conv(values(x).astype(np.float64), values(w).astype(np.float64), False,
-                           stride=(2, 1), padding=(1, 0), groups=2)
+        want = ref.conv(values(x).astype(np.float64), values(w).astype(np.float64), stride=(2, 1),
+                        pads=(1, 0, 1, 0), groups=2)
     assert y.dtype == np.float16 and y.shape == want.shape
     np.testing.assert_allclose(y, (want / 4).astype(np.float16), rtol=1e-3, atol=1e-6)
 
@@ -168,20 +165,19 @@ def test_matmul_pow2scaled_grads(a_shape, b_shape, fa, fb):
     assert_codes_close(db, want_db, F8[fb])
 
 
-def test_conv_pow2scaled_grads_match_torch_autograd():
-    torch = pytest.importorskip("torch")
+def test_conv_pow2scaled_grads_match_reference():
     rng = np.random.default_rng(7)
     x = fp8_array(rng.normal(size=(2, 2, 4, 4)), popxl.float8_143)
     w = fp8_array(rng.normal(size=(3, 2, 2, 2)), popxl.float8_143)
     dy = rng.normal(size=(2, 3, 2, 3)).astype(np.float16)
     y, dx, dw = fp8_grads(lambda a, b: ops.conv_pow2scaled(a, b, 1, stride=(2, 1)), [x, w], dy)
-    xt = torch.tensor(values(x).astype(np.float64), requires_grad=True)
-    wt = torch.tensor(values(w).astype(np.float64), requires_grad=True)
-    out = torch.nn.functional.conv2d(xt, wt, stride=(2, 1)) * 2
-    out.backward(torch.tensor(dy.astype(np.float64)))
-    np.testing.assert_allclose(y, out.detach().numpy().astype(np.float16), rtol=1e-3)
-    assert_codes_close(dx, xt.grad.numpy(), popxl.float8_143)
-    assert_codes_close(dw, wt.grad.numpy(), popxl.float8_143)
+    X, W, D = values(x).astype(np.float64), values(w).astype(np.float64), dy.astype(np.float64)
+    out = ref.conv(X, W, stride=(2, 1)) * 2
+    want_dx = ref.linear_vjp(lambda a: ref.conv(a, W, stride=(2, 1)) * 2, X.shape, D)
+    want_dw = ref.linear_vjp(lambda b: ref.conv(X, b, stride=(2, 1)) * 2, W.shape, D)
+    np.testing.assert_allclose(y, out.astype(np.float16), rtol=1e-3)
+    assert_codes_close(dx, want_dx, popxl.float8_143)
+    assert_codes_close(dw, want_dw, popxl.float8_143)
 
 
 # --- errors ---------------------------------------------------------------------------------

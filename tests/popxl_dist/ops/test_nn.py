@@ -1,11 +1,13 @@
-"""NN ops: group/layer/batch norm, nll_loss, dropout against NumPy/torch references, gradients
-against finite differences (float64), op types and builder errors."""
+"""NN ops: group/layer/batch norm, nll_loss, dropout, conv and pooling against NumPy references
+(written here and in tests/references.py; conv and pooling follow PyTorch's conv2d / max_pool2d /
+avg_pool2d), gradients against finite differences (float64), op types and builder errors."""
 import numpy as np
 import pytest
 
 import popxl
 import popxl.ops as ops
 
+import references as ref
 from harness import grads, numeric_grads, run_ops
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -60,12 +62,10 @@ def test_norms_match_numpy(name, build, ref, shapes, dtype):
     np.testing.assert_allclose(out, ref(*(a.astype(F64) for a in arrs)), rtol=tol, atol=tol)
 
 
-def test_group_norm_matches_torch():
-    torch = pytest.importorskip("torch")
+def test_group_norm_three_groups_keyword_arguments():
     x, w, b = _inputs([(2, 6, 5), (6,), (6,)], F32, seed=3)
     out, = run_ops(lambda *t: ops.group_norm(*t, num_groups=3, eps=1e-4), x, w, b)
-    want = torch.nn.functional.group_norm(torch.tensor(x), 3, torch.tensor(w), torch.tensor(b),
-                                          eps=1e-4).numpy()
+    want = _group_norm_ref(x, w.astype(F64), b.astype(F64), 3, 1e-4)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
@@ -207,15 +207,6 @@ def test_builder_errors(build, err, match):
 
 # --- conv and pooling -------------------------------------------------------------------------
 
-def _torch_pad(x, pads):
-    """ONNX pads (begins..., ends...) as torch.nn.functional.pad's reversed pairs."""
-    n = len(pads) // 2
-    width = []
-    for d in reversed(range(n)):
-        width += [pads[d], pads[n + d]]
-    return width
-
-
 # (name, kwargs, x shape, w shape)
 CONVS = [
     ("plain_2d", dict(), (2, 3, 5, 5), (4, 3, 3, 3)),
@@ -227,17 +218,12 @@ CONVS = [
 
 
 @pytest.mark.parametrize("name,kw,xs,ws", CONVS, ids=[c[0] for c in CONVS])
-def test_conv_matches_torch(name, kw, xs, ws):
-    torch = pytest.importorskip("torch")
+def test_conv_matches_reference(name, kw, xs, ws):
     rng = np.random.default_rng(0)
     x, w = rng.normal(size=xs).astype(F32), rng.normal(size=ws).astype(F32)
     y, = run_ops(lambda a, b: ops.conv(a, b, **kw), x, w)
-    n = len(xs) - 2
-    pads = kw.get("padding", (0,) * 2 * n)
-    xt = torch.nn.functional.pad(torch.tensor(x), _torch_pad(x, pads))
-    f = torch.nn.functional.conv1d if n == 1 else torch.nn.functional.conv2d
-    want = f(xt, torch.tensor(w), stride=kw.get("stride", 1), dilation=kw.get("dilation", 1),
-             groups=kw.get("groups", 1)).numpy()
+    want = ref.conv(x, w, kw.get("stride"), kw.get("padding"), kw.get("dilation"),
+                    kw.get("groups", 1))
     assert y.shape == want.shape and np.abs(y).max() > 0
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
@@ -275,33 +261,29 @@ def _dilate_zeros(x, dil):
     return out
 
 
-def _pool_torch(name, x):
-    torch = pytest.importorskip("torch")
-    F = torch.nn.functional
-    t = torch.tensor(x)
+def _pool_ref(name, x):
+    """The POOLS cases as PyTorch defines them (max_pool2d; avg_pool2d without the padding in
+    the count), in NumPy."""
     if name == "max":
-        return F.max_pool2d(t, (2, 3), stride=2, padding=1).numpy()
+        return ref.pool2d(x, "max", (2, 3), (2, 2), (1, 1, 1, 1))
     if name == "max_dilated":
-        return F.max_pool2d(t, (2, 2), stride=1, dilation=(2, 1)).numpy()
+        return ref.pool2d(x, "max", (2, 2), (1, 1), dilation=(2, 1))
     if name == "avg":
-        return F.avg_pool2d(t, 3, stride=2, padding=1, count_include_pad=False).numpy()
+        return ref.pool2d(x, "avg", (3, 3), (2, 2), (1, 1, 1, 1))
     if name == "max_in_dil_out_pads":
-        # asymmetric padding: pad with -inf explicitly (padding never wins)
-        xp = F.pad(torch.tensor(_dilate_zeros(x, (2, 1))), (0, 1, 1, 0), value=-np.inf)
-        y = F.max_pool2d(xp, 2, stride=(1, 2)).numpy()
+        y = ref.pool2d(_dilate_zeros(x, (2, 1)), "max", (2, 2), (1, 2), (1, 0, 0, 1))
         return np.pad(y, [(0, 0), (0, 0), (1, 0), (0, 2)])
     if name == "avg_in_dil_out_pads":
-        y = F.avg_pool2d(torch.tensor(_dilate_zeros(x, (1, 3))), (3, 2), stride=(2, 1),
-                         padding=1, count_include_pad=False).numpy()
+        y = ref.pool2d(_dilate_zeros(x, (1, 3)), "avg", (3, 2), (2, 1), (1, 1, 1, 1))
         return np.pad(y, [(0, 0), (0, 0), (0, 2), (1, 0)])
-    return F.avg_pool2d(t, 2, stride=2, ceil_mode=True).numpy()
+    return ref.pool2d(x, "avg", (2, 2), (2, 2), ceil_mode=True)
 
 
 @pytest.mark.parametrize("name,build", POOLS, ids=[p[0] for p in POOLS])
-def test_pools_match_torch(name, build):
+def test_pools_match_reference(name, build):
     x = np.random.default_rng(2).normal(size=(2, 3, 5, 6)).astype(F32)
     y, = run_ops(build, x)
-    want = _pool_torch(name, x)
+    want = _pool_ref(name, x)
     assert y.shape == want.shape
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
 

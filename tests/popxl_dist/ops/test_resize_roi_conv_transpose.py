@@ -1,6 +1,7 @@
-"""conv_transpose, interpolate, roi_align and grouped_scatter_reduce against PyTorch and NumPy
-references written here (scalar loops following the ONNX definitions), gradients against
-finite differences (float64), and builder errors."""
+"""conv_transpose, interpolate, roi_align and grouped_scatter_reduce against NumPy references
+written here (scalar loops following the ONNX definitions, and PyTorch's `interpolate`
+conventions as interpolation matrices), gradients against finite differences (float64), and
+builder errors."""
 import math
 
 import numpy as np
@@ -49,17 +50,14 @@ TRANSPOSES = [  # (name, kwargs, x shape, w shape)
 
 
 @pytest.mark.parametrize("name,kw,xs,ws", TRANSPOSES, ids=[t[0] for t in TRANSPOSES])
-def test_conv_transpose_matches_torch(name, kw, xs, ws):
-    torch = pytest.importorskip("torch")
+def test_conv_transpose_matches_reference(name, kw, xs, ws):
     rng = np.random.default_rng(0)
     x, w = rng.normal(size=xs).astype(F32), rng.normal(size=ws).astype(F32)
     y, = run_ops(lambda a, b: ops.conv_transpose(a, b, **kw), x, w)
     nd = len(xs) - 2
-    f = torch.nn.functional.conv_transpose1d if nd == 1 else torch.nn.functional.conv_transpose2d
-    want = f(torch.tensor(x), torch.tensor(w), stride=kw.get("stride", 1),
-             padding=tuple(kw.get("padding", (0,) * 2 * nd)[:nd]),
-             output_padding=kw.get("output_padding", 0), groups=kw.get("groups", 1),
-             dilation=kw.get("dilation", 1)).numpy()
+    want = conv_transpose_ref(x.astype(F64), w.astype(F64), kw.get("stride", (1,) * nd),
+                              kw.get("padding", (0,) * 2 * nd), kw.get("dilation", (1,) * nd),
+                              kw.get("groups", 1), kw.get("output_padding", (0,) * nd))
     assert y.shape == want.shape
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
@@ -170,19 +168,57 @@ def test_interpolate_matches_onnx_reference(mode, nearest_mode, ctm, scales):
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("mode,torch_mode,ctm", [
-    ("linear", "bilinear", "half_pixel"), ("linear", "bilinear", "align_corners"),
-    ("cubic", "bicubic", "half_pixel"), ("nearest", "nearest", "asymmetric"),
+def torch_interpolation_matrix(n_in, scale_factor, mode, align_corners):
+    """(n_out, n_in) weights of PyTorch's `interpolate(scale_factor=...)` along one axis, from
+    its definition: the source coordinate is `dst * (n_in - 1) / (n_out - 1)` with
+    align_corners, else `(dst + 0.5) / scale_factor - 0.5`, clamped at 0 for (bi)linear;
+    linear blends the two neighbours, cubic the four with A = -0.75 (neighbours clamped to
+    the edge), nearest takes `floor(dst / scale_factor)`."""
+    n_out = int(math.floor(n_in * scale_factor))
+    m = np.zeros((n_out, n_in))
+    for dst in range(n_out):
+        if mode == "nearest":
+            m[dst, min(int(math.floor(dst / scale_factor)), n_in - 1)] = 1.0
+            continue
+        if align_corners:
+            src = dst * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+        else:
+            src = (dst + 0.5) / scale_factor - 0.5
+            if mode == "linear":
+                src = max(src, 0.0)
+        i0 = math.floor(src)
+        t = src - i0
+        if mode == "linear":
+            taps = [(i0, 1 - t), (i0 + 1, t)]
+        else:
+            a = -0.75
+
+            def near(d):          # |d| <= 1
+                return ((a + 2) * d - (a + 3)) * d * d + 1
+
+            def far(d):           # 1 < |d| < 2
+                return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+            taps = [(i0 - 1, far(t + 1)), (i0, near(t)), (i0 + 1, near(1 - t)),
+                    (i0 + 2, far(2 - t))]
+        for i, wgt in taps:
+            m[dst, min(max(i, 0), n_in - 1)] += wgt
+    return m
+
+
+@pytest.mark.parametrize("mode,ctm", [
+    ("linear", "half_pixel"), ("linear", "align_corners"), ("cubic", "half_pixel"),
+    ("nearest", "asymmetric"),
 ])
 @pytest.mark.parametrize("dtype", [F32, F16])
-def test_interpolate_matches_torch(mode, torch_mode, ctm, dtype):
-    torch = pytest.importorskip("torch")
+def test_interpolate_matches_torch_conventions(mode, ctm, dtype):
+    """Each mode and coordinate transform against PyTorch's `interpolate` of the same input
+    (bilinear / bicubic / nearest, align_corners as the transform says), in NumPy."""
     x = np.random.default_rng(4).normal(size=(2, 3, 5, 6)).astype(dtype)
     nearest_mode = "floor" if mode == "nearest" else "round_prefer_floor"
     y, = run_ops(lambda t: ops.interpolate(t, (1, 1, 2.0, 0.5), mode, nearest_mode, ctm), x)
-    kw = {} if mode == "nearest" else {"align_corners": ctm == "align_corners"}
-    want = torch.nn.functional.interpolate(torch.tensor(x.astype(F32)), scale_factor=(2.0, 0.5),
-                                           mode=torch_mode, **kw).numpy()
+    rows = torch_interpolation_matrix(5, 2.0, mode, ctm == "align_corners")
+    cols = torch_interpolation_matrix(6, 0.5, mode, ctm == "align_corners")
+    want = np.einsum("nchw,Hh,Ww->ncHW", x.astype(F32).astype(F64), rows, cols)
     assert y.dtype == dtype
     tol = 2e-3 if dtype == F16 else 1e-5
     np.testing.assert_allclose(y, want, rtol=tol, atol=tol)
