@@ -170,7 +170,7 @@ def _mpiexec_command(launch: InstanceLaunch, cmd: Sequence[str]) -> Tuple[List[s
 def _instance_env(launch: InstanceLaunch, exit_dir: str, fds: Tuple[int, int]) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("POPXL_WORKERS", "POPXL_SINGLE_CONTROLLER", "POPXL_HOST_STDIO",
-                        "POPXL_EXIT_FILE", "POPXL_INSTANCE_HUB")}
+                        "POPXL_EXIT_FILE", "POPXL_INSTANCE_LINKS")}
     env.update({
         "POPDIST_NUM_TOTAL_REPLICAS": str(launch.num_replicas),
         "POPDIST_NUM_LOCAL_REPLICAS": str(launch.local_replicas),
