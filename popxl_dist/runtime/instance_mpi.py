@@ -237,8 +237,13 @@ class MPIInstanceGroup(InstanceGroup):
         while time.monotonic() < deadline:
             self._read_notices()
             missing = [p for p in self.peers if p not in self.gone]
-            if not missing or not [p for p in missing if p not in self._dead(missing)]:
-                return not missing
+            if not missing:
+                return True
+            if not [p for p in missing if p not in self._dead(missing)]:
+                # Nobody left to tell, but MPI_Finalize would wait for the dead: end here (an
+                # MPI_Abort would make the process manager kill every rank, output unflushed).
+                flush_stdio()
+                os._exit(1)
             backoff.wait()
         return False
 
@@ -255,7 +260,15 @@ class MPIInstanceGroup(InstanceGroup):
 
     def abort(self, code: int) -> None:
         flush_stdio()
+        if _under_popxl_launcher():
+            os._exit(code)       # the launcher stops the others (and keeps every exit code)
         self.MPI.COMM_WORLD.Abort(code)
+
+
+def _under_popxl_launcher() -> bool:
+    """Whether poprun / `popxl-run --instances` runs this instance: it stops the others a few
+    seconds after one fails, so no MPI_Abort is needed (a plain mpiexec has nobody else)."""
+    return bool(os.environ.get("POPXL_EXIT_DIR"))
 
 
 # Seconds a failing instance waits to join MPI in order to abort it: the others join when they
@@ -269,7 +282,11 @@ def abort_before_first_session() -> None:
     collective), and MPI cannot finalise while they do: join MPI if needed (giving up after
     `_INIT_PATIENCE` seconds, when the others are not waiting there) and abort the job. MPI_Init
     returns only once every rank of the node has mapped MPICH's shared memory, so its name is
-    removed first (MPI_Abort would leave it in /dev/shm)."""
+    removed first (MPI_Abort would leave it in /dev/shm). Under popxl's own launchers nothing is
+    needed: they stop the others."""
+    if _under_popxl_launcher():
+        return
+
     def abort() -> None:
         from mpi4py import MPI
 

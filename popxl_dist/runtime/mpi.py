@@ -323,6 +323,17 @@ class MPIPool(WorkerPool):
             backoff.wait()
         return True
 
+    def kill_workers(self) -> None:
+        """SIGKILL the workers on this host (the host's way out of a broken pool: a stopped or
+        stuck worker can neither finish nor let MPI finalise)."""
+        host = socket.gethostname()
+        for r in range(1, self.size):
+            if self.procs[r][0] == host and _alive(self.procs[r][1]):
+                try:
+                    os.kill(self.procs[r][1], signal.SIGKILL)
+                except OSError:
+                    pass
+
     # --- worker side -------------------------------------------------------------------
     def serve(self) -> None:
         """Answer the host's commands until it says shut down (or dies)."""
