@@ -173,7 +173,8 @@ def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
         return 2
     if backend == "mpi":
         if not job.run_dir.resume:
-            args = [*args, "--run-dir", str(job.run_dir.path)]   # the name chosen here
+            job.run_dir.reserve()           # the name chosen here, claimed before the launch
+            args = [*args, "--run-dir", str(job.run_dir.path)]
         return _run_mpi(workers, target, args)
     return run_job(job)
 

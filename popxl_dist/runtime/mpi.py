@@ -236,6 +236,10 @@ class MPIPool(WorkerPool):
             err = CollectiveTimeout(f"worker {worker} (MPI rank {worker}): {text}")
             err.workers = tuple(silent)
             raise err
+        if status == "died":
+            _, dead = value
+            raise self._died(sorted(set(dead) | set(self._dead_peers(
+                [r for r in range(1, self.size) if r != worker]))) or [worker])
         return worker
 
     def _wait_replies(self, run_id: int, workers: Sequence[int]) -> None:
@@ -269,7 +273,9 @@ class MPIPool(WorkerPool):
         """Stop the other workers' part of a failed run and collect their replies."""
         if isinstance(exc, WorkerDied):
             return
-        pending = [w for w in workers if w not in self._replies]
+        # A dead worker cannot answer: never wait for it (nor message it).
+        pending = [w for w in workers if w not in self._replies
+                   and w not in self._dead_peers([w])]
         silent = [w for w in getattr(exc, "workers", ()) if w in pending] \
             if isinstance(exc, CollectiveTimeout) else []
         if silent:
@@ -357,7 +363,10 @@ class MPIPool(WorkerPool):
                 except CollectiveTimeout as e:
                     reply = ("timeout", self.rank, run_id, (str(e), tuple(e.workers)))
                 except WorkerDied as e:
-                    reply = ("error", self.rank, run_id, _describe(e))
+                    # Another worker died while this one waited for it: the host reports the
+                    # death (WorkerDied naming it), not this worker's failed collective.
+                    reply = ("died", self.rank, run_id,
+                             (str(e), tuple(getattr(e, "workers", ()) or ())))
                 except BaseException as e:  # noqa: BLE001 - reported to the host
                     reply = ("error", self.rank, run_id, _describe(e))
                     if os.environ.get("POPXL_DEBUG"):
