@@ -1,13 +1,15 @@
 """Joining Ray for a job: the cluster named by `POPXL_RAY_ADDRESS` / `RAY_ADDRESS`, or a new local
 Ray that only this machine's processes can reach.
 
-A local Ray started here listens on the loopback only (Ray binds its servers to the node's
-address, and takes the loopback for one when clusters are off: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`,
-set while it starts) and, where the installed Ray has token authentication (Ray >= 2.5x:
-`RAY_AUTH_MODE`), requires a random per-job token on every connection (`RAY_AUTH_TOKEN`, in this
-process's environment only, inherited by the Ray processes it starts; never written to a file).
-A job on a cluster uses the cluster's own settings: its nodes listen on their network addresses,
-protected by whatever authentication the cluster was started with.
+A local Ray started here listens on the loopback only: Ray binds its servers (GCS, raylet, the
+workers' gRPC servers) on every interface when its node address is a network address, and on
+the loopback when the node address is the loopback, which it takes when clusters are off
+(`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, set while it starts). Where the installed Ray has token
+authentication (`RAY_AUTH_MODE=token`; checked by module, `has_token_auth`), every connection
+must also carry a random per-job token (`RAY_AUTH_TOKEN`, in this process's environment only,
+inherited by the Ray processes it starts; never written to a file), unless the user chose an
+authentication mode. A job on a cluster uses the cluster's own settings: its nodes listen on
+their network addresses, protected by whatever authentication the cluster was started with.
 """
 from __future__ import annotations
 
