@@ -100,7 +100,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError:
             name = str(sig)
         first = _failed_before(exit_dir, index)
-        if first is not None and sig in (signal.SIGTERM, signal.SIGKILL):
+        if sig == signal.SIGINT:
+            pass        # Ctrl-C: Python ends by SIGINT after KeyboardInterrupt; it said so
+        elif first is not None and sig in (signal.SIGTERM, signal.SIGKILL):
             err(f"instance {index} was stopped (signal {name}) after instance {first} failed")
         else:
             err(f"instance {index} was killed by signal {sig} ({name})")

@@ -55,9 +55,11 @@ def main() -> int:
         ok = pool.shutdown()      # always: a rank left serving would hang MPI_Finalize
         _ignore_exit_notices()
         if not ok:
-            # MPI cannot finalise with a stuck or dead worker: end every rank here.
-            print(f"popxl-run: the MPI worker pool is broken ({pool.broken}); stopping every "
-                  f"rank", file=sys.stderr, flush=True)
+            # MPI cannot finalise with a stuck or dead worker: end every rank here (after
+            # Ctrl-C that is expected, and the script already said it was interrupted).
+            if not pool.interrupted:
+                print(f"popxl-run: the MPI worker pool is broken ({pool.broken}); stopping "
+                      f"every rank", file=sys.stderr, flush=True)
             pool.kill_workers()
             _flush_quietly()
             os._exit(code or 1)

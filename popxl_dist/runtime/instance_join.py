@@ -111,7 +111,13 @@ _previous_excepthook = None
 
 
 def _excepthook(tp, value, tb) -> None:
-    (_previous_excepthook or sys.__excepthook__)(tp, value, tb)
+    if issubclass(tp, KeyboardInterrupt):
+        # Ctrl-C is no crash: one line, no traceback.
+        group = current_group()
+        which = f"instance {group.index}" if group is not None else "this instance"
+        print(f"popxl: {which} interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    else:
+        (_previous_excepthook or sys.__excepthook__)(tp, value, tb)
     flush_stdio()
     fail_instance(value)
 

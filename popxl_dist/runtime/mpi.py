@@ -125,6 +125,7 @@ class MPIPool(WorkerPool):
         self.transport = MPITransport(self)
         self.service = WorkerService(self.rank, self.transport, self._on_run)
         self.broken: Optional[str] = None
+        self.interrupted = False                 # a run was stopped by Ctrl-C
         self._replies: Dict[int, tuple] = {}     # worker -> reply of the current call
         self._last_liveness = time.monotonic()
         self._peer_signal = False
@@ -272,6 +273,12 @@ class MPIPool(WorkerPool):
     def _abort(self, run_id: int, workers: Sequence[int], exc: BaseException) -> None:
         """Stop the other workers' part of a failed run and collect their replies."""
         if isinstance(exc, WorkerDied):
+            return
+        if not isinstance(exc, Exception):
+            # Interrupted (Ctrl-C): the script is on its way out, so no waiting for the others
+            # (they are stopped when it ends).
+            self.broken = self.broken or f"a run was interrupted ({_describe(exc)})"
+            self.interrupted = True
             return
         # A dead worker cannot answer: never wait for it (nor message it).
         pending = [w for w in workers if w not in self._replies

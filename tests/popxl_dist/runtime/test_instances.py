@@ -267,9 +267,10 @@ def test_under_plain_mpiexec_an_instance_failing_before_its_session_aborts_the_j
     assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
 
 
-def _interrupt(cmd) -> None:
+def _interrupt(cmd) -> str:
     """Ctrl-C (SIGINT to the launch's process group) during a long run stops everything, even
-    when the launcher inherited SIGINT ignored (a background command of a CI runner)."""
+    when the launcher inherited SIGINT ignored (a background command of a CI runner); the
+    output after it (one line from the launcher, one per instance: nothing like a crash)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=clean_env(), cwd=ROOT, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
@@ -284,7 +285,7 @@ def _interrupt(cmd) -> None:
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)
         t0 = time.monotonic()
-        proc.wait(timeout=60)
+        rest = proc.communicate(timeout=60)[0]
         assert time.monotonic() - t0 < 20
     finally:
         if proc.poll() is None:
@@ -292,12 +293,18 @@ def _interrupt(cmd) -> None:
             proc.wait()
     assert proc.returncode != 0
     assert wait_until(lambda: not job_processes(proc.pid)), job_processes(proc.pid)
+    for crash in ("Traceback", "Segmentation fault", "YOUR APPLICATION TERMINATED", "signal"):
+        assert crash not in rest, rest[-3000:]
+    return rest
 
 
 @needs_mpi
 def test_ctrl_c_stops_every_instance():
-    _interrupt([sys.executable, "-m", "popxl_launch.poprun", "--num-instances", "2",
-                sys.executable, FAILURES, "sleep"])
+    rest = _interrupt([sys.executable, "-m", "popxl_launch.poprun", "--num-instances", "2",
+                       sys.executable, FAILURES, "sleep"])
+    assert "poprun: interrupted (Ctrl-C); stopping the instances" in rest, rest
+    for i in range(2):
+        assert f"[1,{i}]<stderr>: popxl: instance {i} interrupted (Ctrl-C)" in rest, rest
 
 
 # --- Ray ------------------------------------------------------------------------------------
