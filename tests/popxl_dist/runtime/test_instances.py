@@ -212,6 +212,14 @@ def test_an_instance_that_dies_is_named_and_its_exit_code_returned():
 
 
 @needs_mpi
+def test_a_goodbye_read_before_the_data_sent_ahead_of_it_is_not_taken_for_an_exit():
+    res = poprun("--num-instances", "2", sys.executable,
+                 os.path.join(HERE, "instance_goodbye.py"), timeout=120)
+    assert res.returncode == 0, res.text[-3000:]
+    assert "got 100000 values" in lines_of(res.stdout, "[1,0]<stdout>: "), res.text[-3000:]
+
+
+@needs_mpi
 def test_an_instance_that_exits_early_is_named_and_its_exit_code_returned():
     res = _failure("exit")
     took, line = _caught(res, "InstanceFailed")
