@@ -10,7 +10,7 @@ import time
 from typing import List, Optional
 
 __all__ = ["marked_processes", "run_in_session", "session_processes", "wait_until",
-           "listening_sockets", "session_pids"]
+           "listening_sockets", "session_pids", "mapped_files", "tree_pids"]
 
 
 def marked_processes(var: str, tag: str) -> List[int]:
@@ -123,5 +123,51 @@ def listening_sockets(pids) -> List[tuple]:
 
 
 def session_pids(sid: int) -> List[int]:
-    """Pids of the live processes of session `sid` (see `session_processes`)."""
-    return [int(line.split()[0]) for line in session_processes(sid)]
+    """Pids of the live (not zombie) processes of session `sid` (see `session_processes`),
+    read from /proc (fast enough to poll)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":      # state, ppid, pgrp, session
+            found.append(int(name))
+    return found
+
+
+def mapped_files(pids, prefix: str) -> set:
+    """Paths starting with `prefix` that any of `pids` maps (existing or already unlinked)."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            i = line.find(prefix)
+            if i >= 0:
+                found.add(line[i:].split()[0])
+    return found
+
+
+def tree_pids(root: int) -> List[int]:
+    """`root` and every live descendant of it (hydra's proxies and ranks run in sessions of
+    their own, so a session does not find them)."""
+    children: dict = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = [root], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out

@@ -21,12 +21,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 import pytest
 
-from procs import run_in_session, wait_until
+from procs import mapped_files, run_in_session, tree_pids, wait_until
 from procs import session_processes as job_processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -265,14 +266,29 @@ def test_an_instance_failing_before_its_session_stops_the_job():
 
 @needs_mpi
 def test_under_plain_mpiexec_an_instance_failing_before_its_session_aborts_the_job():
+    """...and leaves no MPICH segment in /dev/shm (MPI_Abort used to leave it every time): the
+    job's segments are read from its processes' memory maps while it runs."""
     t0 = time.monotonic()
-    res = launch([os.path.join(BIN, "mpiexec"), "-n", "2", sys.executable, FAILURES,
-                  "early-ir"], timeout=120)
-    assert res.returncode != 0 and time.monotonic() - t0 < 60, res.text[-3000:]
-    assert "RuntimeError: instance 1 fails before its Session" in res.text
+    proc = subprocess.Popen([os.path.join(BIN, "mpiexec"), "-n", "2", sys.executable, FAILURES,
+                             "early-ir"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=clean_env(), cwd=ROOT, start_new_session=True)
+    out: list = []
+    reader = threading.Thread(target=lambda: out.append(proc.communicate()[0]))
+    reader.start()
+    segments: set = set()
+    while reader.is_alive() and time.monotonic() - t0 < 120:
+        segments |= mapped_files(tree_pids(proc.pid), "/dev/shm/mpich_shm_")
+    if reader.is_alive():
+        os.killpg(proc.pid, signal.SIGKILL)
+    reader.join()
+    text = out[0]
+    assert proc.returncode != 0 and time.monotonic() - t0 < 60, text[-3000:]
+    assert "RuntimeError: instance 1 fails before its Session" in text
     assert "popxl: MPI rank 1 failed before its first popdist Session: aborting the MPI job" \
-        in res.text, res.text[-3000:]
-    assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
+        in text, text[-3000:]
+    assert wait_until(lambda: not job_processes(proc.pid)), job_processes(proc.pid)
+    assert segments, "the job's processes mapped no MPICH segment"
+    assert not [s for s in segments if os.path.exists(s)], segments
 
 
 def _interrupt(cmd) -> str:
