@@ -13,11 +13,14 @@ instances). `wandb://` destinations need Weights & Biases and the network: not s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import warnings
+import zipfile
+import zlib
 from collections import deque
 from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Union
 
@@ -172,19 +175,27 @@ class TaskSession(popxl.Session):
 
     def _write_checkpoint(self, checkpoint_dir: str, named: Dict[str, np.ndarray]) -> None:
         model_dir = os.path.join(checkpoint_dir, "model")
-        os.makedirs(model_dir, exist_ok=True)
+        with _naming(model_dir):
+            os.makedirs(model_dir, exist_ok=True)
         state = self.state.to_dict()
         for key, data in named.items():
             mm = _memmap_of(state[key])
             if mm is not None:
                 mm.flush()
-                shutil.copyfile(mm.filename, os.path.join(model_dir, f"{key}.npy"))
+                path = os.path.join(model_dir, f"{key}.npy")
+                with _naming(path):
+                    shutil.copyfile(mm.filename, path)
             else:
-                np.savez(os.path.join(model_dir, f"{key}.npz"), **{key: np.asarray(data)})
+                path = os.path.join(model_dir, f"{key}.npz")
+                with _naming(path):
+                    np.savez(path, **{key: np.asarray(data)})
         if self._dataloader is not None:
-            self._dataloader.save(os.path.join(checkpoint_dir, "dataloader.bin"))
+            path = os.path.join(checkpoint_dir, "dataloader.bin")
+            with _naming(path):
+                self._dataloader.save(path)
         # Written last: a directory with a readable session_info.json is a whole checkpoint.
-        with open(os.path.join(checkpoint_dir, "session_info.json"), "w") as f:
+        path = os.path.join(checkpoint_dir, "session_info.json")
+        with _naming(path), open(path, "w") as f:
             json.dump(self.session_state, f)
         _log.info("Saved checkpoint %s", checkpoint_dir)
         self._keep_latest(checkpoint_dir)
@@ -223,6 +234,13 @@ class TaskSession(popxl.Session):
         _report({"not in the checkpoint": state.keys() - files.keys(),
                  "not in the session": files.keys() - state.keys()}, report_missing,
                 "load_checkpoint")
+        # popxl-dist: every file is read (and an unreadable one named) before anything is
+        # loaded, so a corrupt checkpoint leaves the session as it was.
+        info = os.path.join(checkpoint_dir, "session_info.json")
+        session_state = {"steps": 0}
+        if os.path.exists(info):
+            with _reading(info), open(info) as f:
+                session_state = json.load(f)
         updates = {}
         for key, path in files.items():
             var = state.get(key)
@@ -231,23 +249,25 @@ class TaskSession(popxl.Session):
             if path.endswith(".npy"):
                 if skip_memmap and _memmap_of(var) is not None:
                     continue
-                data = np.fromfile(path, var.dtype.as_numpy()).reshape(var.shape_on_host)
+                with _reading(path):
+                    data = np.fromfile(path, var.dtype.as_numpy()).reshape(var.shape_on_host)
             else:
-                with np.load(path) as f:
+                with _reading(path), np.load(path) as f:
                     if key not in f.files:
                         raise ValueError(f"load_checkpoint: {path} holds {f.files}, not the "
                                          f"array '{key}'")
                     data = f[key]
+                if data.shape != tuple(var.shape_on_host):
+                    raise ValueError(f"load_checkpoint: {path} holds shape {data.shape}, the "
+                                     f"variable '{key}' has {tuple(var.shape_on_host)} on the "
+                                     f"host")
             updates[var] = data
-        self.write_variables_data(updates)
         if self._dataloader is not None:
-            self._dataloader.resume(os.path.join(checkpoint_dir, "dataloader.bin"))
-        info = os.path.join(checkpoint_dir, "session_info.json")
-        if os.path.exists(info):
-            with open(info) as f:
-                self.session_state = json.load(f)
-        else:
-            self.session_state = {"steps": 0}
+            path = os.path.join(checkpoint_dir, "dataloader.bin")
+            with _reading(path):
+                self._dataloader.resume(path)
+        self.write_variables_data(updates)
+        self.session_state = session_state
 
     # --- Weights & Biases -----------------------------------------------------------------
     def wandb_histogram(self, name: str, step: int, data) -> None:
@@ -255,6 +275,35 @@ class TaskSession(popxl.Session):
 
     def wandb_variable_histograms(self, step: int = 0) -> None:
         raise NotImplementedError(_NO_WANDB.format(what="wandb_variable_histograms"))
+
+
+@contextlib.contextmanager
+def _naming(path: str):
+    """An OSError while writing `path` names it (a full disk's does not by itself)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), path) from e
+
+
+@contextlib.contextmanager
+def _reading(path: str):
+    """An error while reading checkpoint file `path` names it (a corrupt `.npz` gives
+    `BadZipFile: File is not a zip file`, a truncated `.npy` a reshape error, ...): ValueError,
+    or OSError with the file name."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), path) from e
+    except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        if path in str(e):
+            raise
+        raise ValueError(f"load_checkpoint: {path} is unreadable "
+                         f"({type(e).__name__}: {e})") from e
 
 
 def write_variables_pb(session: popxl.Session, weights: Mapping[popxl.Variable, Any]) -> None:

@@ -9,9 +9,13 @@
    every gradient);
 2. the time for an instance failure to surface in the other instance: instance 1 raises (or is
    SIGKILLed) while instance 0 waits in a collective; the delay between instance 1's failure and
-   instance 0's exception (same host clock).
+   instance 0's exception (same host clock);
+3. with `--ray`, the collectives between instances of a Ray launch (`popxl-run --backend ray
+   --instances 2`) against the same program under `poprun --num-instances 2` (MPI instances) in
+   the same run: `tiny` (one 16-byte all-reduce per step: latency) and `big` (one all-reduce of
+   4M float32 = 16.8 MB per step: bandwidth).
 
-    python benchmarks/bench_instances.py [--quick]
+    python benchmarks/bench_instances.py [--quick] [--ray] [--only-ray]
 
 Sub-runs of this script in worker mode print one JSON line (instance 0 / rank 0 only). Figures
 are medians; nothing here asserts on time. Every sub-run uses one BLAS thread per process.
@@ -35,6 +39,7 @@ from bench_replication import ONE_THREAD, TAG, emit, med, spread  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 BATCH = 32
+BIG = 1 << 22                  # float32 elements of the `big` all-reduce (16.8 MB)
 
 
 def _replication(replicas: int):
@@ -58,6 +63,15 @@ def _build(program: str, replicas: int):
     import popxl
     from popxl import ops
 
+    if program == "big":
+        ir = popxl.Ir(replication=_replication(replicas))
+        with ir.main_graph:
+            v = popxl.variable(np.ones(BIG, np.float32), name="v")
+            ops.collectives.replicated_all_reduce_(v, op="add")
+            ops.var_updates.copy_var_update_(v, v * 0.5)
+            y_s = popxl.d2h_stream((1,), popxl.float32, "y")
+            ops.host_store(y_s, v[0:1])
+        return ir, lambda i: {}, y_s
     if program == "tiny":
         ir = popxl.Ir(replication=_replication(replicas))
         with ir.main_graph:
@@ -174,6 +188,43 @@ def bench_steps(cfg: dict) -> None:
               f"({next(iter(firsts.values()), [None])[0]})")
 
 
+def _ray_instances(replicas: int, args) -> list:
+    return [sys.executable, "-m", "popxl_launch", "--backend", "ray", "--instances", "2",
+            "--replicas", str(replicas), SCRIPT, *args]
+
+
+def bench_ray_instances(cfg: dict) -> None:
+    print(f"\n[3] ms per session.run between 2 instances: Ray instances (popxl-run --backend ray "
+          f"--instances 2) vs MPI instances (poprun --num-instances 2), sub-runs alternated "
+          f"{cfg['repeats']} times")
+    for program, steps in (("tiny", cfg["steps"]), ("big", cfg["big_steps"])):
+        part = ["--part", "step", "--program", program, "--replicas", "2", "--steps",
+                str(steps), "--rounds", str(cfg["rounds"]), "--warmup", str(cfg["warmup"])]
+        runs = {"MPI instances (poprun)": _poprun(2, part),
+                "Ray instances": _ray_instances(2, part)}
+        times: dict = {k: [] for k in runs}
+        ratios = []
+        for _ in range(cfg["repeats"]):
+            got = {}
+            for label, cmd in runs.items():
+                rec = run_sub(cmd, f"{program} {label}")
+                if rec is not None:
+                    times[label] += rec["run_ms"]
+                    got[label] = med(rec["run_ms"])
+            if len(got) == 2:
+                ratios.append(got["Ray instances"] / got["MPI instances (poprun)"])
+        extra = " (16.8 MB all-reduce)" if program == "big" else " (16-byte all-reduce)"
+        print(f"  {program}{extra}:")
+        for label, ms in times.items():
+            if ms:
+                rate = f", {BIG * 4 / (med(ms) * 1e-3) / 1e9:.2f} GB/s" if program == "big" \
+                    else ""
+                print(f"    {label:26s} {med(ms):8.3f} ms/run{rate}  ({spread(ms, '.3f')})")
+        if ratios:
+            print(f"    Ray / MPI = {med(ratios):.2f}x (median of the same-run ratios "
+                  f"{', '.join(f'{r:.2f}' for r in ratios)})")
+
+
 def run_sub(cmd, label: str, must_succeed: bool = True) -> dict | None:
     """One sub-run; the JSON record it printed (instance 0's, after poprun's line prefix), or
     None after showing why. Failure sub-runs fail by design (`must_succeed=False`)."""
@@ -209,26 +260,31 @@ def bench_failures(cfg: dict) -> None:
                   f"{med(took):8.1f} ms  ({spread(took, '.1f')})  -> {error}")
 
 
-def orchestrate(quick: bool) -> int:
-    cfg = ({"steps": 200, "mlp_steps": 10, "rounds": 3, "warmup": 5, "repeats": 1,
-            "fail_repeats": 2} if quick else
-           {"steps": 500, "mlp_steps": 20, "rounds": 5, "warmup": 10, "repeats": 2,
-            "fail_repeats": 3})
+def orchestrate(quick: bool, ray: bool, only_ray: bool) -> int:
+    cfg = ({"steps": 200, "mlp_steps": 10, "big_steps": 10, "rounds": 3, "warmup": 5,
+            "repeats": 1, "fail_repeats": 2} if quick else
+           {"steps": 500, "mlp_steps": 20, "big_steps": 20, "rounds": 5, "warmup": 10,
+            "repeats": 3, "fail_repeats": 3})
     try:
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         load = "n/a"
     print(f"bench_instances{' --quick' if quick else ''}: {os.cpu_count()} CPUs, load {load}")
-    bench_steps(cfg)
-    bench_failures(cfg)
+    if not only_ray:
+        bench_steps(cfg)
+        bench_failures(cfg)
+    if ray or only_ray:
+        bench_ray_instances(cfg)
     return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--ray", action="store_true", help="also compare Ray and MPI instances")
+    p.add_argument("--only-ray", action="store_true", help="only compare Ray and MPI instances")
     p.add_argument("--part", choices=("step", "failure"))
-    p.add_argument("--program", choices=("tiny", "mlp"), default="tiny")
+    p.add_argument("--program", choices=("tiny", "mlp", "big"), default="tiny")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3)
@@ -242,7 +298,7 @@ def main(argv=None) -> int:
     if args.part == "failure":
         part_failure(args)
         return 0
-    return orchestrate(args.quick)
+    return orchestrate(args.quick, args.ray, args.only_ray)
 
 
 if __name__ == "__main__":

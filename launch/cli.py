@@ -16,33 +16,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import sys
 import tempfile
 import threading
 from typing import List, Optional
 
+from .mpiexec import RANK_WRAPPER, find_gforker, find_mpiexec, install_hint, one_node_env
 from .supervise import run_job
 
 __all__ = ["main", "find_mpiexec", "missing_backend", "crowding_note"]
 
 BACKENDS = ("local", "mpi", "ray")
-
-
-def _install_hint(extra: str) -> str:
-    return f'the {extra} extra: pip install -e ".[{extra}]" in the popxl-dist clone'
-
-
-def find_mpiexec() -> str:
-    """The `mpiexec` beside this Python (the mpich wheel installs it there), else on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.exists(here):
-        return here
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise FileNotFoundError(f"mpiexec is not installed ({_install_hint('mpi')})")
-    return found
 
 
 def missing_backend(backend: str) -> Optional[str]:
@@ -59,24 +44,17 @@ def missing_backend(backend: str) -> Optional[str]:
             missing.append("mpiexec")
         if missing:
             return (f"{' and '.join(missing)} {'are' if len(missing) > 1 else 'is'} not "
-                    f"installed ({_install_hint('mpi')})")
+                    f"installed ({install_hint('mpi')})")
     if backend == "ray" and importlib.util.find_spec("ray") is None:
-        return f"Ray is not installed ({_install_hint('ray')})"
+        return f"Ray is not installed ({install_hint('ray')})"
     return None
 
 
-# Each rank runs under `sh`, which turns a death by signal into a plain exit code 1: mpiexec
-# (hydra 5.0) kills every other rank when one is killed by a signal, even with
-# -disable-auto-cleanup, and the host must survive a dead worker to raise WorkerDied. The shell
-# ignores the SIGUSR1 that hydra sends to every rank's process group when a rank exits.
-_RANK_WRAPPER = 'trap "" USR1; "$@"; c=$?; [ "$c" -gt 128 ] && exit 1; exit "$c"'
-
-
 def _run_mpi(workers: int, target: str, args: List[str]) -> int:
-    """`mpiexec -n W` over the MPI entry point. Hydra stops forwarding output once a rank dies, so
-    rank 0 (the host script) writes straight to our stdout/stderr through inherited descriptors,
-    and reports the script's exit code through a file (mpiexec's own code reflects the dead
-    rank)."""
+    """W ranks of the MPI entry point under MPICH's gforker (one node, no network listener;
+    hydra where gforker is missing). Rank 0 (the host script) writes straight to our
+    stdout/stderr through inherited descriptors and reports the script's exit code through a
+    file."""
     sys.stdout.flush()
     sys.stderr.flush()
     fds = (os.dup(1), os.dup(2))
@@ -90,8 +68,11 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
         # that oversubscribes the cores (27 s instead of 4 s for the data-parallel example).
         # Changing the spin time, unlike the thread count, keeps every result's bits.
         env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-        cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(workers), "sh", "-c",
-               _RANK_WRAPPER, "sh", sys.executable, "-m", "popxl_launch.mpi_main", target, *args]
+        env = one_node_env(env)
+        gforker = find_gforker()
+        manager = [gforker] if gforker else [find_mpiexec(), "-disable-auto-cleanup"]
+        cmd = [*manager, "-n", str(workers), "sh", "-c", RANK_WRAPPER, "sh", sys.executable,
+               "-m", "popxl_launch.mpi_main", target, *args]
         try:
             code = run_job(cmd, env, pass_fds=fds)
         finally:
@@ -234,7 +215,8 @@ def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
     _print_crowding_note(backend, workers)
     if backend == "mpi":
         if not job.run_dir.resume:
-            args = [*args, "--run-dir", str(job.run_dir.path)]   # the name chosen here
+            job.run_dir.reserve()           # the name chosen here, claimed before the launch
+            args = [*args, "--run-dir", str(job.run_dir.path)]
         return _run_mpi(workers, target, args)
     return run_job(job)
 

@@ -8,6 +8,9 @@ once a rank dies), drops the stdout of other instances under `--only-output-from
 records the exit code and time in `POPXL_EXIT_DIR/<instance>` for the launcher, which stops the
 others when one fails. A command killed by a signal is reported by name and becomes exit code 1
 here: hydra kills every rank when one dies by a signal, and the others must live to report it.
+Under gforker (`POPXL_RANK_EXIT_ZERO`), which stops the job when any rank exits with an error,
+the wrapper always exits 0 (the launcher reads the codes from the files) and ignores gforker's
+SIGINT / SIGQUIT, with which it stops every rank when one ends without MPI_Finalize.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import sys
 import time
 from typing import List, Optional
 
+from .mpiexec import EXIT_ZERO_ENV
 from .output import host_fds, pump, write_all
 
 __all__ = ["main", "write_exit_file", "read_exit_file"]
@@ -75,8 +79,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         os.close(pipes[0][1])
         os.close(pipes[1][1])
-    # Ctrl-C reaches the command through the terminal's process group; report its outcome.
+    # Ctrl-C reaches the command through the terminal's process group; the process manager's
+    # SIGINT / SIGQUIT (gforker's when a rank ends without MPI_Finalize) are not passed on:
+    # the other instances must live to report the failure. SIGTERM is.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda s, f: proc.send_signal(signal.SIGTERM))
     keep_out = not only or only == str(index)
     threads = [pump(pipes[0][0], lambda b: write_all(out_fd, b), prefix("stdout"), keep_out),
@@ -93,12 +100,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         except ValueError:
             name = str(sig)
         first = _failed_before(exit_dir, index)
-        if first is not None and sig in (signal.SIGTERM, signal.SIGKILL):
+        if sig == signal.SIGINT:
+            pass        # Ctrl-C: Python ends by SIGINT after KeyboardInterrupt; it said so
+        elif first is not None and sig in (signal.SIGTERM, signal.SIGKILL):
             err(f"instance {index} was stopped (signal {name}) after instance {first} failed")
         else:
             err(f"instance {index} was killed by signal {sig} ({name})")
         code = 128 + sig
     write_exit_file(exit_dir, index, code, sig)
+    if env.get(EXIT_ZERO_ENV) == "1":
+        return 0
     return 1 if sig else code
 
 

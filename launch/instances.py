@@ -1,10 +1,12 @@
 """Multi-instance launches over MPI (what `poprun` and `popxl-run --backend mpi --instances N`
 run): one MPI rank per instance, each running the whole command with the popdist environment.
 
-`mpiexec` (the mpich wheel's) starts every instance under `instance_wrapper` (output prefix, exit
-code file); this launcher watches the exit files and, once an instance has failed, gives the
-others `FAIL_GRACE` seconds to report it (they raise `InstanceFailed` naming it from their
-collectives) before it stops the job. The exit code is the first failing instance's.
+MPICH's process manager (`mpiexec.gforker` on one node: no network listener; hydra's `mpiexec`
+with `--host` or hydra-only MPI options, see `mpiexec.py`) starts every instance under
+`instance_wrapper` (output prefix, exit code file); this launcher watches the exit files and,
+once an instance has failed, gives the others `FAIL_GRACE` seconds to report it (they raise
+`InstanceFailed` naming it from their collectives) before it stops the job. The exit code is the
+first failing instance's.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .instance_wrapper import read_exit_file
+from .mpiexec import EXIT_ZERO_ENV, find_gforker, find_mpiexec, gforker_takes, one_node_env
 from .output import POPRUN_PREFIX
-from .supervise import die_with_parent
+from .supervise import die_with_parent, kill_tree
 
 __all__ = ["InstanceLaunch", "run_mpi_instances", "topology_table", "translate_mpi_args",
            "handle_ctrl_c", "FAIL_GRACE"]
@@ -151,33 +154,44 @@ def translate_mpi_args(args: Sequence[str], local: bool) -> Tuple[List[str], Lis
 
 
 def _mpiexec_command(launch: InstanceLaunch, cmd: Sequence[str]) -> Tuple[List[str], List[str]]:
-    from .cli import find_mpiexec
-
+    """The process manager's command line and notes about dropped options. gforker (one node,
+    no network listener) unless the launch names hosts or MPI options only hydra takes; its
+    instances' wrappers then exit 0 (gforker would stop the job at the first failure, before
+    the others could report it)."""
     global_args, notes = translate_mpi_args(
         [a for s in launch.mpi_global_args for a in shlex.split(s)], local=False)
     local_args, more = translate_mpi_args(
         [a for s in launch.mpi_local_args for a in shlex.split(s)], local=True)
     notes += more
-    full = [find_mpiexec(), "-disable-auto-cleanup"]
+    own_args = {}
+    for i in range(launch.num_instances):
+        own_args[i], more = translate_mpi_args(launch.instance_mpi_local_args.get(i, []),
+                                               local=True)
+        notes += more
+    gforker = None if launch.hosts or not gforker_takes(
+        [*global_args, *local_args, *(a for own in own_args.values() for a in own)]) \
+        else find_gforker()
+    if gforker:
+        full = [gforker, "-genv", EXIT_ZERO_ENV, "1"]
+    else:
+        full = [find_mpiexec(), "-disable-auto-cleanup"]
     if launch.hosts:
         ppn = launch.num_instances // len(launch.hosts)
         full += ["-hosts", ",".join(f"{h}:{ppn}" for h in launch.hosts)]
     full += global_args
     wrapper = [sys.executable, "-m", "popxl_launch.instance_wrapper", *cmd]
     for i in range(launch.num_instances):
-        own, more = translate_mpi_args(launch.instance_mpi_local_args.get(i, []), local=True)
-        notes += more
         per = ["-env", "POPDIST_REPLICA_INDEX_OFFSET", str(i * launch.local_replicas),
                "-env", "POPDIST_INSTANCE_INDEX", str(i),
                "-env", "POPDIST_LOCAL_INSTANCE_INDEX", str(launch.local_index(i))]
-        full += (([":"] if i else []) + ["-n", "1"] + per + local_args + own + wrapper)
+        full += (([":"] if i else []) + ["-n", "1"] + per + local_args + own_args[i] + wrapper)
     return full, sorted(set(notes))
 
 
 def _instance_env(launch: InstanceLaunch, exit_dir: str, fds: Tuple[int, int]) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("POPXL_WORKERS", "POPXL_SINGLE_CONTROLLER", "POPXL_HOST_STDIO",
-                        "POPXL_EXIT_FILE", "POPXL_INSTANCE_HUB")}
+                        "POPXL_EXIT_FILE", "POPXL_INSTANCE_LINKS")}
     env.update({
         "POPDIST_NUM_TOTAL_REPLICAS": str(launch.num_replicas),
         "POPDIST_NUM_LOCAL_REPLICAS": str(launch.local_replicas),
@@ -240,6 +254,8 @@ def run_mpi_instances(launch: InstanceLaunch, cmd: Sequence[str]) -> int:
         for note in notes:
             print(f"{launch.prog}: {note}", file=sys.stderr, flush=True)
         env = _instance_env(launch, exit_dir, fds)
+        if not launch.hosts:
+            env = one_node_env(env)
         try:
             # mpiexec (and so every rank) is stopped when the launcher dies, even by SIGKILL.
             preexec = die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None
@@ -249,8 +265,10 @@ def run_mpi_instances(launch: InstanceLaunch, cmd: Sequence[str]) -> int:
                 os.close(fd)
         try:
             code = _supervise(proc, launch, exit_dir)
-        except KeyboardInterrupt:         # mpiexec got the interrupt too and stops the ranks
-            _stop(proc, patience=10.0)
+        except KeyboardInterrupt:
+            print(f"{launch.prog}: interrupted (Ctrl-C); stopping the instances",
+                  file=sys.stderr, flush=True)
+            _interrupt(proc)
             return 130
         failure = _first_failure(exit_dir, launch.num_instances)
     if failure is not None:
@@ -277,12 +295,22 @@ def _supervise(proc: subprocess.Popen, launch: InstanceLaunch, exit_dir: str) ->
             return _stop(proc)
 
 
+def _interrupt(proc: subprocess.Popen, patience: float = 10.0) -> None:
+    """Ctrl-C reached the instances too (one process group): give them `patience` seconds to
+    end, then stop the job (at once at another Ctrl-C)."""
+    try:
+        proc.wait(timeout=patience)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        _stop(proc)
+
+
 def _stop(proc: subprocess.Popen, patience: float = 5.0) -> int:
-    """SIGTERM mpiexec (hydra then kills every rank); SIGKILL if it does not end in time."""
+    """SIGTERM mpiexec (it passes it to every rank); SIGKILL the whole job if it does not end in
+    time."""
     if proc.poll() is None:
         proc.terminate()
     try:
         return proc.wait(timeout=patience)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        kill_tree(proc)
         return proc.wait()

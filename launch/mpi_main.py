@@ -42,6 +42,10 @@ def main() -> int:
         _ignore_exit_notices()
         return 0
     _use_host_stdio()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # The rank wrapper runs the script in the background of a shell, which starts it with
+        # SIGINT ignored; popxl-run passes Ctrl-C on as SIGINT and the script must see it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     code = 1
     try:
         code = _run_target(sys.argv[1], sys.argv[2:], pool.size)
@@ -51,11 +55,14 @@ def main() -> int:
         ok = pool.shutdown()      # always: a rank left serving would hang MPI_Finalize
         _ignore_exit_notices()
         if not ok:
-            from mpi4py import MPI
-
-            print(f"popxl-run: the MPI worker pool is broken ({pool.broken}); stopping every "
-                  f"rank", file=sys.stderr, flush=True)
-            MPI.COMM_WORLD.Abort(code or 1)
+            # MPI cannot finalise with a stuck or dead worker: end every rank here (after
+            # Ctrl-C that is expected, and the script already said it was interrupted).
+            if not pool.interrupted:
+                print(f"popxl-run: the MPI worker pool is broken ({pool.broken}); stopping "
+                      f"every rank", file=sys.stderr, flush=True)
+            pool.kill_workers()
+            _flush_quietly()
+            os._exit(code or 1)
     return code
 
 

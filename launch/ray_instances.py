@@ -2,18 +2,21 @@
 running the whole script as one popdist instance (on a local Ray, or on the cluster at
 `POPXL_RAY_ADDRESS`).
 
-Each actor gets the popdist environment of its instance and the address of this launcher's hub
-(`popxl.runtime.hub`): the instances meet there and then connect directly (the socket instance
-group), failure notices go through it, and the actors' stdout/stderr stream to it and are printed
-here, each line prefixed `[instance N] `. The exit code is the first failing instance's; a few
-seconds after a failure the remaining actors are killed. Ctrl-C kills every actor (and the local
-Ray this launcher started). The script must be at the same path on every node.
+Before the script starts, this launcher and the actors build the job's links (`popxl.runtime.mesh`:
+shared memory on a node, sockets between nodes, every connection proven with a per-job token),
+passing the addresses and the token as Ray call arguments; the launcher is a member of that mesh.
+The instances run their collectives over those links (`popxl.runtime.instance_links`); each
+actor's stdout/stderr travel to the launcher on its link and are printed here, each line prefixed
+`[instance N] `. Ray supervises the actors: an actor that dies or ends with a failure is told to
+the other instances on the links. The exit code is the first failing instance's; a few seconds
+after a failure the remaining actors are killed. Ctrl-C kills every actor (and the local Ray this
+launcher started). The script must be at the same path on every node.
 """
 from __future__ import annotations
 
-import codecs
-import logging
 import os
+import queue
+import secrets
 import sys
 import threading
 import time
@@ -24,6 +27,10 @@ from .output import POPXL_RUN_PREFIX, LinePrefixer
 
 __all__ = ["run_ray_instances"]
 
+_SETUP_TIMEOUT = 180.0    # seconds for the actors to start and build the links
+_BYE_GRACE = 5.0          # seconds the launcher waits for a finished instance's last output
+_STDOUT, _STDERR = 1, 2
+
 
 class _Printer:
     """Writes instances' output chunks here, whole lines, each with the instance prefix."""
@@ -33,11 +40,11 @@ class _Printer:
         self._lock = threading.Lock()
         self._lines: Dict[tuple, LinePrefixer] = {}
 
-    def write(self, index: int, stream: str, text: str) -> None:
+    def write(self, index: int, stream: str, data: bytes) -> None:
         with self._lock:
             pre = self._lines.setdefault((index, stream), LinePrefixer(
                 self.prefix.format(i=index, stream=stream)))
-            self._out(stream, pre.feed(text.encode()))
+            self._out(stream, pre.feed(data))
 
     def note(self, index: int, text: str) -> None:
         with self._lock:
@@ -58,23 +65,44 @@ class _Printer:
 
 
 class _InstanceActor:
-    """Runs the script as one instance (wrapped with `ray.remote` on first use)."""
+    """Runs the script as one instance (wrapped with `ray.remote` on first use): builds its part
+    of the links (`hello`, `connect`, `attach`, called by the launcher), then `run`s."""
 
-    def __init__(self, index: int):
-        self.index = index
+    def __init__(self, index: int, size: int, job: str, token: bytes, timeout: float,
+                 use_shm: bool, spans: bool):
+        from popxl.runtime.endpoint import Endpoint
+        from popxl.runtime.mesh import MeshMember, listen_address
+        from popxl.runtime.pipes import shm_supported
+        from popxl.runtime.ray_backend import _node_and_ip
 
-    def where(self) -> tuple:
-        import socket
+        node, ip = _node_and_ip()
+        self.index, self.size = index, size
+        self.endpoint = Endpoint(index, timeout)
+        use_shm = use_shm and shm_supported()
+        self.mesh = MeshMember(self.endpoint, job, token, size + 1, node, ip, use_shm,
+                               listen_address(spans, use_shm, ip))
 
-        return socket.gethostname(), os.getpid()
+    def hello(self) -> dict:
+        return self.mesh.hello()
 
-    def run(self, target: str, args: List[str], cwd: str, hub: str) -> int:
-        from popxl.runtime.instance_group import close_instance_group, fail_instance
+    def connect(self, table: List[dict]) -> None:
+        self.mesh.connect(table)
+
+    def attach(self) -> None:
+        self.mesh.attach()
+
+    def run(self, target: str, args: List[str], cwd: str) -> int:
+        from popxl.runtime.instance_group import set_current_group
+        from popxl.runtime.instance_join import close_instance_group, fail_instance
+        from popxl.runtime.instance_links import LinkInstanceGroup, Uplink
 
         from .scripts import run_script
 
+        self.mesh.finish()
+        uplink = Uplink(self.endpoint.detach_link(self.size))    # the launcher is member N
+        set_current_group(LinkInstanceGroup(self.index, self.size, self.endpoint, uplink))
         os.chdir(cwd)
-        forward = _HubOutput(hub, self.index)
+        forward = _ForwardOutput(uplink)
         failures: List[BaseException] = []
         try:
             code = run_script(target, args, on_exception=failures.append)
@@ -83,40 +111,27 @@ class _InstanceActor:
         if code:
             fail_instance(failures[0] if failures else SystemExit(code))
         close_instance_group()
+        uplink.close()                    # after the output and notices: they go first
         return code
 
 
-class _HubOutput:
-    """This process's fd 1 and 2 redirected into pipes whose contents go to the hub."""
+class _ForwardOutput:
+    """This process's fd 1 and 2 redirected into pipes whose contents go to the launcher."""
 
-    def __init__(self, hub: str, index: int):
-        import socket
-
-        from popxl.runtime.hub import send_message
+    def __init__(self, uplink):
+        from popxl.runtime.links import OUTPUT
 
         from .output import pump
 
-        host, _, port = hub.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)))
-        lock = threading.Lock()
         self.saved = [os.dup(1), os.dup(2)]
         self.threads = []
-        for fd, stream in ((1, "stdout"), (2, "stderr")):
+        for fd, stream in ((1, _STDOUT), (2, _STDERR)):
             r, w = os.pipe()
-            getattr(sys, stream).flush()
+            (sys.stdout if fd == 1 else sys.stderr).flush()
             os.dup2(w, fd)
             os.close(w)
-
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-            def send(data: bytes, stream=stream, decoder=decoder) -> None:
-                text = decoder.decode(data)       # (a chunk may end inside a character)
-                try:
-                    send_message(self.sock, {"kind": "output", "index": index, "stream": stream,
-                                             "data": text}, lock)
-                except OSError:
-                    pass
-            self.threads.append(pump(r, send, None))
+            self.threads.append(pump(r, lambda data, s=stream: uplink.post(OUTPUT, s, data),
+                                     None))
         self.buffering = [sys.stdout.line_buffering, sys.stderr.line_buffering]
         for f in (sys.stdout, sys.stderr):
             f.reconfigure(line_buffering=True)      # stream as the script prints
@@ -133,10 +148,73 @@ class _HubOutput:
             os.close(saved)
         for t in self.threads:
             t.join(timeout=5.0)
-        self.sock.close()
 
 
-def _instance_env(i: int, n: int, replicas: int, hub: str) -> Dict[str, str]:
+class _Relay:
+    """The launcher's end of the links, on a thread of its own: prints the instances' output,
+    records their goodbyes and failure notices, sends the launcher's failure notices."""
+
+    def __init__(self, endpoint, printer: _Printer, num_instances: int):
+        self.ep = endpoint
+        self.printer = printer
+        self.n = num_instances
+        self.notified: set = set()
+        self._queue: "queue.Queue" = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="popxl-relay", daemon=True)
+        self._thread.start()
+
+    @property
+    def failures(self) -> Dict[int, str]:
+        """Failure notices the instances sent (origin -> message), first first."""
+        return dict(self.ep.failures)
+
+    def notify(self, origin: int, message: str) -> None:
+        """Tell every other instance that `origin` failed (once per origin)."""
+        if origin not in self.notified:
+            self.notified.add(origin)
+            self._queue.put((origin, message))
+
+    def _loop(self) -> None:
+        from popxl.runtime.links import FAILED
+        from popxl.runtime.polling import Backoff
+
+        ep = self.ep
+        backoff = Backoff()
+        while not self._stop.is_set():
+            moved = False
+            while True:
+                try:
+                    origin, message = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                for i, link in ep.links.items():
+                    if i != origin and not link.dead:
+                        link.post(FAILED, 0, origin, 0, message.encode("utf-8", "replace"))
+            moved = ep.progress() or moved
+            while ep.outputs:
+                m = ep.outputs.popleft()
+                self.printer.write(m.src, "stdout" if m.a == _STDOUT else "stderr", m.meta)
+                moved = True
+            if moved:
+                backoff = Backoff()
+            else:
+                backoff.wait()
+
+    def wait_for_goodbyes(self, instances: Sequence[int], timeout: float) -> None:
+        """Wait (bounded) until `instances` said goodbye: their last output has arrived."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not set(instances) <= self.ep.byes:
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        self.ep.close()
+
+
+def _instance_env(i: int, n: int, replicas: int) -> Dict[str, str]:
+    from popxl.runtime.instance_join import LINKS_ENV
     from popxl.runtime.ray_backend import _actor_env
 
     local = replicas // n
@@ -149,7 +227,7 @@ def _instance_env(i: int, n: int, replicas: int, hub: str) -> Dict[str, str]:
         "POPDIST_NUM_INSTANCES": str(n), "POPDIST_INSTANCE_INDEX": str(i),
         "POPDIST_REPLICA_INDEX_OFFSET": str(i * local), "POPDIST_LOCAL_INSTANCE_INDEX": str(i),
         "POPDIST_NUM_IPUS_PER_REPLICA": "1", "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE": "1",
-        "POPXL_BACKEND": "local", "POPXL_INSTANCE_HUB": hub, "POPXL_INSTANCE_LAUNCHER": "1",
+        "POPXL_BACKEND": "local", "POPXL_INSTANCE_LAUNCHER": "1", LINKS_ENV: "1",
     })
     return env
 
@@ -160,73 +238,92 @@ def run_ray_instances(num_instances: int, num_replicas: int, target: str, args: 
     exit code (0 if all succeeded)."""
     import ray
 
-    from popxl.runtime.env import ray_address
-    from popxl.runtime.hub import InstanceHub
-    from popxl.runtime.ray_quiet import quiet_ray_start
+    from popxl.runtime.endpoint import Endpoint
+    from popxl.runtime.env import collective_timeout, ray_transport
+    from popxl.runtime.mesh import MeshMember, listen_address, new_token
+    from popxl.runtime.pipes import shm_supported, unlink_segments
+    from popxl.runtime.ray_backend import _node_and_ip
+    from popxl.runtime.ray_init import init_ray, spans_nodes
 
     if num_replicas % num_instances:
         raise ValueError(f"--replicas {num_replicas} is not divisible by --instances "
                          f"{num_instances}")
-    started = False
-    if not ray.is_initialized():
-        address = ray_address()
-        quiet_ray_start(starting_local=not address, actors=num_instances, prog="popxl-run")
-        common = dict(logging_level=logging.WARNING, configure_logging=False, log_to_driver=False)
-        if address:
-            ray.init(address=address, **common)
-        else:        # a new local Ray, never another job's cluster found on this machine
-            ray.init(address="local", num_cpus=max(num_instances, os.cpu_count() or 1),
-                     include_dashboard=False, **common)
-            started = True
+    n = num_instances
+    started = init_ray(max(n, os.cpu_count() or 1), n, prog="popxl-run")
     printer = _Printer(prefix)
-    hub = InstanceHub(num_instances, printer.write, host=ray.util.get_node_ip_address())
+    job = f"popxl-rayinst-{os.getpid()}-{secrets.token_hex(12)}"
+    token = new_token()
+    timeout = collective_timeout()
+    use_shm = ray_transport() == "auto" and shm_supported()
+    spans = spans_nodes()
+    node, ip = _node_and_ip()
+    endpoint = Endpoint(n, timeout)
+    mesh = MeshMember(endpoint, job, token, n + 1, node, ip, use_shm,
+                      listen_address(spans, use_shm, ip))
     cls = ray.remote(num_cpus=1, max_concurrency=1)(_InstanceActor)
-    actors = [cls.options(runtime_env={"env_vars": _instance_env(
-        i, num_instances, num_replicas, hub.address)}).remote(i) for i in range(num_instances)]
+    actors = [cls.options(runtime_env={"env_vars": _instance_env(i, n, num_replicas)})
+              .remote(i, n, job, token, timeout, use_shm, spans) for i in range(n)]
+    relay = None
     try:
-        where = ray.get([a.where.remote() for a in actors])
-        refs = [a.run.remote(target, list(args), os.getcwd(), hub.address) for a in actors]
-        return _supervise(ray, refs, where, hub, printer)
+        table = ray.get([a.hello.remote() for a in actors], timeout=_SETUP_TIMEOUT) \
+            + [mesh.hello()]
+        ray.get([a.connect.remote(table) for a in actors], timeout=_SETUP_TIMEOUT)
+        mesh.connect(table)
+        attached = [a.attach.remote() for a in actors]
+        mesh.attach()
+        ray.get(attached, timeout=_SETUP_TIMEOUT)
+        mesh.finish()
+        relay = _Relay(endpoint, printer, n)
+        refs = [a.run.remote(target, list(args), os.getcwd()) for a in actors]
+        return _supervise(ray, refs, table, relay, printer)
     except KeyboardInterrupt:
+        print("popxl-run: interrupted (Ctrl-C); stopping the instances", file=sys.stderr,
+              flush=True)
         return 130
     finally:
+        if relay is not None:
+            relay.stop()
+        else:
+            mesh.abandon()
         for a in actors:
             try:
                 ray.kill(a)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-        hub.close()
+        unlink_segments(job)
         printer.flush()
         if started:
             ray.shutdown()
 
 
-def _supervise(ray, refs, where, hub, printer) -> int:
+def _supervise(ray, refs, table, relay: _Relay, printer: _Printer) -> int:
     """Wait for every instance; a few seconds after the first failure, stop waiting (the
     caller kills the rest). Returns the exit code of the instance whose failure came first
-    (the origin named by the hub's first notice), else of the first to fail, else 0."""
+    (the origin of the first failure notice), else of the first to fail, else 0."""
     which = {ref: i for i, ref in enumerate(refs)}
     pending = list(refs)
     failed: Dict[int, int] = {}          # instance -> exit code, in the order they ended
+    ended: List[int] = []
     stop_at = None
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
         for ref in done:
             i = which[ref]
+            host, pid = table[i]["host"], table[i]["pid"]
             try:
                 code = ray.get(ref)
+                ended.append(i)
             except ray.exceptions.RayActorError:
-                host, pid = where[i]
                 printer.note(i, f"popxl-run: instance {i} (Ray actor, pid {pid} on {host}) died")
-                hub.broadcast_failure(i, f"its Ray actor (pid {pid} on {host}) died")
+                relay.notify(i, f"its Ray actor (pid {pid} on {host}) died")
                 code = 1
             except ray.exceptions.RayTaskError as e:
                 printer.note(i, f"popxl-run: instance {i} failed: {e}")
-                hub.broadcast_failure(i, str(e).splitlines()[-1] if str(e) else "failed")
+                relay.notify(i, str(e).splitlines()[-1] if str(e) else "failed")
                 code = 1
             if code:
                 failed[i] = code
-                hub.broadcast_failure(i, f"its script exited with code {code}")
+                relay.notify(i, f"its script exited with code {code}")
                 if stop_at is None:
                     stop_at = time.monotonic() + FAIL_GRACE
         if pending and stop_at is not None and time.monotonic() > stop_at:
@@ -234,7 +331,9 @@ def _supervise(ray, refs, where, hub, printer) -> int:
             printer.note(i, f"popxl-run: instance {i} failed (exit code {failed[i]}); stopping "
                             f"the other instances")
             break
-    origin = hub.failures[0][0] if hub.failures else None
+    relay.wait_for_goodbyes(ended, _BYE_GRACE)
+    notices = relay.failures
+    origin = next(iter(notices), None)
     if origin in failed:
         return failed[origin]
     return next(iter(failed.values()), 0)

@@ -33,7 +33,9 @@ def run_script(path: str, args: Sequence[str],
         print(code, file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        traceback.print_exc()
+        # Ctrl-C is no crash: one line, no traceback.
+        print(f"popxl-run: {os.path.basename(path)} interrupted (Ctrl-C)", file=sys.stderr,
+              flush=True)
         if on_exception is not None:
             on_exception(e)
         return 130

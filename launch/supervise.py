@@ -3,9 +3,10 @@ whatever stops it:
 
 - SIGTERM or SIGHUP: forwarded to mpiexec as SIGTERM (it signals every rank and ends the job);
   after a grace period mpiexec is killed. The exit code is 128 + the signal.
-- Ctrl-C: mpiexec receives it too (same process group) and lets the ranks handle
-  KeyboardInterrupt; if it is still running after the grace period (or at a second Ctrl-C) the
-  interrupt is forwarded, which makes hydra abort the job, then mpiexec is killed.
+- Ctrl-C: every rank receives it too (same process group; the process manager's own forward
+  is ignored by the rank wrappers, so each rank sees one) and the host script handles
+  KeyboardInterrupt; if the job is still running after the grace period (or at a second
+  Ctrl-C) mpiexec gets SIGTERM, then it is killed.
 - SIGKILL: cannot be caught; mpiexec is started with a parent-death signal (SIGTERM, on Linux),
   and every rank watches the launcher named by `POPXL_LAUNCHER` and exits when it is gone
   (`popxl.runtime.liveness`).
@@ -22,7 +23,7 @@ import threading
 import time
 from typing import Dict, Optional, Sequence
 
-__all__ = ["run_job", "launcher_ref", "die_with_parent"]
+__all__ = ["run_job", "launcher_ref", "die_with_parent", "kill_tree"]
 
 # Read by every rank (popxl.runtime.liveness.LAUNCHER_ENV; not imported: popxl-run starts
 # without importing popxl).
@@ -61,6 +62,39 @@ def die_with_parent(parent: int):
         if os.getppid() != parent:      # the parent died before the prctl took effect
             os._exit(1)
     return setup
+
+
+def _descendants(root: int) -> list:
+    """Pids of every live descendant of `root` (from /proc; empty elsewhere)."""
+    children: dict = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc` and every process it started (the job's ranks and their wrappers: a rank
+    that is stopped or ignores signals would otherwise outlive the job)."""
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def run_job(cmd: Sequence[str], env: Dict[str, str], pass_fds: Sequence[int] = ()) -> int:
@@ -104,18 +138,18 @@ def _supervise(proc: subprocess.Popen) -> int:
                 deadline = time.monotonic() + _GRACE
         except KeyboardInterrupt:
             if stopped_by is None:
-                stopped_by = signal.SIGINT        # mpiexec got the same Ctrl-C
+                stopped_by = signal.SIGINT        # the ranks got the same Ctrl-C
                 deadline = time.monotonic() + _GRACE
             elif not forwarded_interrupt:
-                forwarded_interrupt = True         # a second Ctrl-C: abort the job
-                _send(proc, signal.SIGINT)
+                forwarded_interrupt = True         # a second Ctrl-C: end the job
+                _send(proc, signal.SIGTERM)
         except subprocess.TimeoutExpired:
             if stopped_by == signal.SIGINT and not forwarded_interrupt:
                 forwarded_interrupt = True
-                _send(proc, signal.SIGINT)
+                _send(proc, signal.SIGTERM)
                 deadline = time.monotonic() + _GRACE
             else:
-                proc.kill()                        # the ranks follow (they watch popxl-run)
+                kill_tree(proc)
                 deadline = None
 
 

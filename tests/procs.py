@@ -9,7 +9,8 @@ import subprocess
 import time
 from typing import List, Optional
 
-__all__ = ["marked_processes", "run_in_session", "session_processes", "wait_until"]
+__all__ = ["marked_processes", "run_in_session", "session_processes", "wait_until",
+           "listening_sockets", "session_pids", "mapped_files", "tree_pids"]
 
 
 def marked_processes(var: str, tag: str) -> List[int]:
@@ -68,3 +69,105 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+def _socket_inodes(pid: int) -> set:
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except OSError:
+        pass
+    return inodes
+
+
+def _tcp_address(hex_addr: str) -> str:
+    """An address of /proc/net/tcp{,6} (`0100007F:1F90`) as `127.0.0.1:8080` / `[::1]:8080`."""
+    import ipaddress
+
+    host, port = hex_addr.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        ip = ipaddress.IPv4Address(raw[::-1])
+    else:                                    # four little-endian 32-bit words
+        ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+    return f"{ip}:{int(port, 16)}" if ip.version == 4 else f"[{ip}]:{int(port, 16)}"
+
+
+def listening_sockets(pids) -> List[tuple]:
+    """(address, pid) of every TCP socket in LISTEN state held by one of `pids` (read from
+    /proc/net/tcp and tcp6, as `ss -ltnp` does)."""
+    owner = {}
+    for pid in pids:
+        for inode in _socket_inodes(pid):
+            owner.setdefault(inode, pid)
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[9]) in owner:       # 0A: LISTEN
+                found.append((_tcp_address(fields[1]), owner[int(fields[9])]))
+    return found
+
+
+def session_pids(sid: int) -> List[int]:
+    """Pids of the live (not zombie) processes of session `sid` (see `session_processes`),
+    read from /proc (fast enough to poll)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":      # state, ppid, pgrp, session
+            found.append(int(name))
+    return found
+
+
+def mapped_files(pids, prefix: str) -> set:
+    """Paths starting with `prefix` that any of `pids` maps (existing or already unlinked)."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            i = line.find(prefix)
+            if i >= 0:
+                found.add(line[i:].split()[0])
+    return found
+
+
+def tree_pids(root: int) -> List[int]:
+    """`root` and every live descendant of it (hydra's proxies and ranks run in sessions of
+    their own, so a session does not find them)."""
+    children: dict = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = [root], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out

@@ -153,8 +153,17 @@ class EpochLoader:
             json.dump(state, f)
 
     def resume(self, path: str) -> None:
+        """Continue from a state `save` wrote (checked whole before anything changes)."""
         with open(path) as f:
-            state = json.load(f)
+            try:
+                state = json.load(f)
+                keys = ("epoch", "position", "rng_state_at_epoch_start", "num_images",
+                        "global_batch")
+                missing = [k for k in keys if k not in state]
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{path} is not a saved data position ({e})") from None
+        if missing:
+            raise ValueError(f"{path} is not a saved data position (no {', '.join(missing)})")
         if (state["num_images"], state["global_batch"]) != (len(self.images),
                                                            self.global_batch):
             raise ValueError(f"{path}: saved for {state['num_images']} images in batches of "

@@ -5,6 +5,7 @@ import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -45,6 +46,12 @@ def _say(text: str) -> None:
     sys.stdout.flush()
 
 
+class _CheckpointNotWritten(Exception):
+    def __init__(self, step: int, error: OSError):
+        super().__init__(f"step {step}: {error}")
+        self.step, self.error = step, error
+
+
 class _Run:
     """One job's programs, data and bookkeeping."""
 
@@ -52,7 +59,7 @@ class _Run:
         cfg, rd = job.cfg, job.run_dir
         self.job, self.cfg, self.rd = job, cfg, rd
         data = load_data(cfg)
-        self.resume_from = rd.latest_checkpoint() if rd.resume else None
+        self.resume_from: Optional[Tuple[int, Path]] = None     # chosen by restore()
         if not rd.resume:
             rd.create(cfg, job.source)
         for line in describe(cfg):
@@ -67,10 +74,10 @@ class _Run:
         self.total = min(total, cfg.train.steps) if cfg.train.steps else total
         n_test = min(cfg.test.limit or len(data.test_images), len(data.test_images))
         self.test_x, self.test_y = data.test_images[:n_test], data.test_labels[:n_test]
-        self.metrics = MetricsLog(str(rd.metrics), self._rows_to_keep() if rd.resume else None)
+        self.metrics: Optional[MetricsLog] = None                  # opened by restore()
         self.step_times: List[float] = []
         self.copy_times: List[float] = []
-        self.saved_at = self.resume_from[0] if self.resume_from else -1
+        self.saved_at = -1
 
     def _rows_to_keep(self):
         """Which metrics rows a resumed run keeps: those up to its checkpoint, except the
@@ -83,13 +90,37 @@ class _Run:
         return keep
 
     def restore(self) -> int:
-        """Load the checkpoint to resume from (sessions attached); the step to continue at."""
+        """Load the newest checkpoint that reads back whole (sessions attached), naming and
+        setting aside any newer one that does not; open the metrics. The step to continue
+        at."""
+        skipped = []
+        if self.rd.resume:
+            for step, path in self.rd.complete_checkpoints():
+                try:
+                    self.session.load_checkpoint(str(path), report_missing="error")
+                except (OSError, ValueError) as e:
+                    aside = path.with_name(f"unreadable_{path.name}")
+                    try:
+                        path.rename(aside)
+                    except OSError:
+                        aside = path
+                    print(f"popxl-run: checkpoint {path} cannot be loaded: {e}; set aside as "
+                          f"{aside.name}", file=sys.stderr, flush=True)
+                    skipped.append(path.name)
+                    continue
+                self.resume_from = (step, path)
+                break
+        self.metrics = MetricsLog(str(self.rd.metrics),
+                                  self._rows_to_keep() if self.rd.resume else None)
         if self.resume_from:
-            self.session.load_checkpoint(str(self.resume_from[1]), report_missing="error")
+            self.saved_at = self.resume_from[0]
+            newest = f" (the newest complete checkpoint, {self.resume_from[1].name}; " \
+                     f"{', '.join(skipped)} could not be loaded)" if skipped else ""
             _say(f"Resumed {self.rd.path} at step {self.session.session_state['steps']} "
-                 f"(epoch {self.loader.epoch + 1}, batch {self.loader.position})")
+                 f"(epoch {self.loader.epoch + 1}, batch {self.loader.position}){newest}")
         elif self.rd.resume:
-            _say(f"Resumed {self.rd.path}: no checkpoint yet, starting from step 0")
+            why = "no checkpoint could be loaded" if skipped else "no checkpoint yet"
+            _say(f"Resumed {self.rd.path}: {why}, starting from step 0")
         return self.session.session_state["steps"]
 
     def train_step(self) -> Tuple[int, float, float]:
@@ -121,8 +152,20 @@ class _Run:
 
     def checkpoint(self, step: int) -> None:
         if self.saved_at != step:
-            self.session.save_checkpoint(str(self.rd.checkpoint(step)))
+            try:
+                self.session.save_checkpoint(str(self.rd.checkpoint(step)))
+            except OSError as e:
+                raise _CheckpointNotWritten(step, e) from e
             self.saved_at = step
+            self._prune()
+
+    def _prune(self) -> None:
+        """Keep `train.max_checkpoints` checkpoints in the run folder, counting those of the
+        runs this one resumed (the TaskSession counts only its own)."""
+        import shutil
+
+        for _, path in self.rd.complete_checkpoints()[self.cfg.train.max_checkpoints:]:
+            shutil.rmtree(path, ignore_errors=True)
 
     def resume_command(self) -> str:
         """The command that continues this run where it was launched: same backend and
@@ -190,8 +233,17 @@ def train_and_test(job) -> int:
         print(f"\nInterrupted at step {step}; continue from {where} with: "
               f"{run.resume_command()}", file=sys.stderr, flush=True)
         return 130
+    except _CheckpointNotWritten as e:          # a full disk, a read-only folder ...
+        if bar is not None:
+            bar.close()
+        last = run.rd.latest_checkpoint()
+        where = f"the checkpoint of step {last[0]}" if last else "the start"
+        print(f"popxl-run: cannot write the checkpoint of step {e.step}: {e.error}; continue "
+              f"from {where} with: {run.resume_command()}", file=sys.stderr, flush=True)
+        return 1
     finally:
-        run.metrics.close()
+        if run.metrics is not None:
+            run.metrics.close()
     _say(f"Accuracy on test set: {acc:.2f}%")
     _say(f"weights digest: {digest}")
     _say(plot_metrics(read_metrics(str(run.rd.metrics)), str(run.rd.plot), run.plot_title()))

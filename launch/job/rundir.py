@@ -7,14 +7,18 @@
     <run dir>/checkpoints/step_N/  TaskSession checkpoints
 
 Every check happens in `plan_run_dir`, before anything is written: a folder that holds a run is
-only ever continued (`--resume`), and only with the config that made it.
+only ever continued (`--resume`), and only with the config that made it. A new run claims its
+folder atomically (`reserve`, `create`): jobs started at the same moment never share one (a
+default name another job took moves on to the next free one; an explicit `--run-dir` that
+another job claimed first is refused).
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .config import Config, ConfigError, fingerprint
 
@@ -34,11 +38,15 @@ def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 
 class RunDir:
-    """Paths of one run folder; `create` writes its config and record."""
+    """Paths of one run folder; `create` writes its config and record.
 
-    def __init__(self, path: Path, resume: bool):
+    `auto` is the default name's stem (`runs/<config>-<time>`) when the folder was not named
+    by the user: taken by another job, the name moves on to `<stem>-2`, `<stem>-3` ..."""
+
+    def __init__(self, path: Path, resume: bool, auto: Optional[Path] = None):
         self.path = path
         self.resume = resume
+        self.auto = auto
 
     @property
     def metrics(self) -> Path:
@@ -55,10 +63,10 @@ class RunDir:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step_{step:08d}"
 
-    def latest_checkpoint(self) -> Optional[Tuple[int, Path]]:
-        """(step, folder) of the newest whole checkpoint (its session_info.json, written last,
-        is readable), or None."""
-        best = None
+    def complete_checkpoints(self) -> List[Tuple[int, Path]]:
+        """(step, folder) of every whole checkpoint (its session_info.json, written last, is
+        readable), newest first."""
+        found = []
         for d in self.checkpoints.glob("step_*"):
             try:
                 step = int(d.name[5:])
@@ -66,22 +74,49 @@ class RunDir:
                     json.load(f)
             except (ValueError, OSError):
                 continue
-            if best is None or step > best[0]:
-                best = (step, d)
-        return best
+            found.append((step, d))
+        return sorted(found, reverse=True)
+
+    def latest_checkpoint(self) -> Optional[Tuple[int, Path]]:
+        """(step, folder) of the newest whole checkpoint, or None."""
+        found = self.complete_checkpoints()
+        return found[0] if found else None
+
+    def reserve(self) -> None:
+        """Create the folder of a new run, atomically: a default name another job took in the
+        meantime moves on to the next free one."""
+        if self.resume:
+            return
+        if self.auto is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while True:
+            try:
+                os.mkdir(self.path)
+                return
+            except FileExistsError:
+                n += 1
+                self.path = self.auto.with_name(f"{self.auto.name}-{n}")
 
     def create(self, cfg: Config, source: Path) -> None:
-        """Write config.yaml and run.json (a new run only)."""
+        """Claim the folder for a new run (run.json, created exclusively) and write its
+        config.yaml. Raises ConfigError if another job claimed it first."""
         import yaml
 
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.reserve()
+        record = {"fingerprint": fingerprint(cfg), "config": str(source),
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        try:
+            with open(self.path / _MARKER, "x") as f:
+                json.dump(record, f, indent=1)
+        except FileExistsError:
+            raise ConfigError(f"run folder {self.path} was claimed by another job started at "
+                              f"the same time; choose another --run-dir") from None
         with open(self.path / "config.yaml", "w") as f:
             f.write(f"# resolved from {source}\n")
             yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
-        record = {"fingerprint": fingerprint(cfg), "config": str(source),
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        with open(self.path / _MARKER, "w") as f:
-            json.dump(record, f, indent=1)
 
 
 def _differences(saved: Path, cfg: Config) -> str:
@@ -132,4 +167,4 @@ def plan_run_dir(cfg: Config, config_path: Path, run_dir: Optional[str],
     while path.exists():
         n += 1
         path = base.with_name(f"{base.name}-{n}")
-    return RunDir(path, resume=False)
+    return RunDir(path, resume=False, auto=base)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..engine.comm import Transport
 from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
-from .links import ABORT, BYE, CMD, DATA, FIN, REPLY, Link, Message
+from .links import ABORT, BYE, CMD, DATA, FAILED, FIN, OUTPUT, REPLY, Link, Message
 from .polling import Backoff, process_alive
 
 __all__ = ["Endpoint", "EndpointTransport", "serve", "encode", "decode", "describe",
@@ -93,12 +93,21 @@ class Endpoint:
         self.aborted: Dict[int, str] = {}               # run id -> reason
         self.finished: Dict[int, set] = {}              # run id -> workers that finished it
         self.bye = False
+        self.byes: set = set()                          # peers that said goodbye
+        self.failures: Dict[int, str] = {}              # origin -> failure notice (instances)
+        self.outputs: Deque[Message] = deque()          # OUTPUT messages (a launcher's)
         self.run_id = 0
         self._last_liveness = time.monotonic()
 
     def add_link(self, link: Link) -> None:
         self.links[link.peer] = link
         self._link_list = [self.links[p] for p in sorted(self.links)]
+
+    def detach_link(self, peer: int) -> Link:
+        """Take the link to `peer` out of this endpoint (another thread will own it)."""
+        link = self.links.pop(peer)
+        self._link_list = [self.links[p] for p in sorted(self.links)]
+        return link
 
     def alloc(self, kind: int, nbytes: int) -> np.ndarray:
         return self.buffers.get(nbytes) if kind == DATA else np.empty(nbytes, np.uint8)
@@ -136,6 +145,11 @@ class Endpoint:
             self.finished.setdefault(m.run_id, set()).add(m.a)
         elif kind == BYE:
             self.bye = True
+            self.byes.add(m.src)
+        elif kind == FAILED:
+            self.failures.setdefault(m.a, m.meta.decode("utf-8", "replace"))
+        elif kind == OUTPUT:
+            self.outputs.append(m)
 
     def flush_all(self, workers: Iterable[int], deadline: Optional[float] = None) -> bool:
         """Push every queued message to `workers` (reading meanwhile); False if one of them died
@@ -197,6 +211,8 @@ class EndpointTransport(Transport):
     the collective's tag and a per-peer sequence number (a collective may exchange twice with
     one peer)."""
 
+    noun = "worker"                       # what the peers are called in errors
+
     def __init__(self, endpoint: Endpoint, on_wait: Callable[[int, Sequence[int]], bool]):
         self.ep = endpoint
         self._on_wait = on_wait           # raise if the run failed elsewhere; True if a waited
@@ -204,6 +220,7 @@ class EndpointTransport(Transport):
         self._received: Dict[int, int] = {}
         self.run_id = 0
         self.data_sent = {"shm": 0, "socket": 0}
+        self._gone_since: Optional[float] = None
 
     def start_run(self, run_id: int) -> None:
         self.run_id = run_id
@@ -229,36 +246,27 @@ class EndpointTransport(Transport):
             wanted[p] = (p, run_id, tag, seq)
         send_links = [ep.links[p] for p in sends]
         deadline = time.monotonic() + ep.timeout
-        gone_since = None
+        self._gone_since = None
         backoff = Backoff()
         while True:
             moved = ep.progress()
-            missing = [p for p, key in wanted.items() if key not in ep.data]
+            missing = {p: key for p, key in wanted.items() if key not in ep.data}
             if not missing and all(link.idle for link in send_links):
                 break
             if moved:                                  # the timeout is for silence
                 deadline = time.monotonic() + ep.timeout
                 backoff = Backoff()
                 continue
-            if run_id in ep.aborted:
-                raise RunAborted(ep.aborted[run_id])
             waiting = sorted(set(missing) | {lk.peer for lk in send_links if not lk.idle})
-            if self._on_wait(run_id, waiting):
-                gone_since = gone_since or time.monotonic()
-                if time.monotonic() - gone_since > DIVERGE_GRACE:
-                    raise WorkerError(
-                        f"worker {ep.index}: a peer among workers {waiting} finished the run "
-                        f"without joining this collective (tag {tag}): the replicas diverged")
-            dead = ep.dead_workers(waiting if ep.index == 0 else sorted({0, *waiting}),
-                                   force=False)
-            if dead:
-                raise ep.died(dead, f"while worker {ep.index} waited in a collective (tag {tag})")
+            self.check_wait(run_id, tag, waiting, missing)
             if time.monotonic() > deadline:
+                noun = self.noun
                 err = CollectiveTimeout(
-                    f"worker {ep.index}: collective (tag {tag}) got no data from worker(s) "
+                    f"{noun} {ep.index}: collective (tag {tag}) got no data from {noun}(s) "
                     f"{waiting} within {ep.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
                 err.workers = tuple(waiting)           # the silent workers (the executor
-                raise err                              # names their replicas and the op)
+                err.timeout = ep.timeout               # names their replicas and the op)
+                raise err
             backoff.wait()
         got = {}
         for p, (n, dtype) in recvs.items():
@@ -270,6 +278,24 @@ class EndpointTransport(Transport):
             got[p] = arr
             ep.buffers.lend((buf,))
         return got
+
+    def check_wait(self, run_id: int, tag: int, waiting: List[int],
+                   missing: Dict[int, tuple]) -> None:
+        """Raise if the exchange can no longer complete: the run was aborted, a peer it waits
+        for finished the run without joining (after `DIVERGE_GRACE`) or died. `missing` maps
+        the peers whose data has not arrived to the key it will arrive under."""
+        ep = self.ep
+        if run_id in ep.aborted:
+            raise RunAborted(ep.aborted[run_id])
+        if self._on_wait(run_id, waiting):
+            self._gone_since = self._gone_since or time.monotonic()
+            if time.monotonic() - self._gone_since > DIVERGE_GRACE:
+                raise WorkerError(
+                    f"worker {ep.index}: a peer among workers {waiting} finished the run "
+                    f"without joining this collective (tag {tag}): the replicas diverged")
+        dead = ep.dead_workers(waiting if ep.index == 0 else sorted({0, *waiting}), force=False)
+        if dead:
+            raise ep.died(dead, f"while worker {ep.index} waited in a collective (tag {tag})")
 
 
 def serve(ep: Endpoint, handle: Callable[[str, int, int, Any], Any],

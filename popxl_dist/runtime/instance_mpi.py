@@ -5,12 +5,18 @@ mpi4py traffic never mixes with ours): `data` carries the collectives' bytes, `c
 (an instance failed / said goodbye). Every wait polls (see `mpi._Backoff`), reads notices, checks
 that the peers it waits for are alive, and notices a peer that sends data of another run or
 collective (diverged), so no collective hangs.
+
+MPI orders the messages of one communicator only, so a goodbye on `ctrl` may be read before the
+last data its sender put on `data`: every goodbye says how many data messages its sender sent to
+the receiver, and a peer that said goodbye is reported as gone from a collective only when the
+data it owes was never sent.
 """
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Dict, List, Sequence, Tuple
@@ -18,11 +24,11 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from ..errors import CollectiveTimeout, InstanceFailed, WorkerDied
-from .instance_group import ACK_GRACE, InstanceGroup, _flush
+from .instance_group import ACK_GRACE, InstanceGroup, flush_stdio
 from .mpi import MPITransport, _alive, _Backoff
 from .mpi_segments import unlink_mpich_segments
 
-__all__ = ["MPIInstanceGroup"]
+__all__ = ["MPIInstanceGroup", "abort_before_first_session"]
 
 NOTICE = 21
 _LIVENESS_PERIOD = 0.5
@@ -44,6 +50,8 @@ class _InstanceTransport(MPITransport):
     def __init__(self, group: "MPIInstanceGroup"):
         super().__init__(group)
         self.group = group
+        self.sent_to: Dict[int, int] = {}        # data messages sent to each peer, ever
+        self.posted_from: Dict[int, int] = {}    # data messages expected from each peer, ever
 
     def exchange(self, sends, recvs, tag):
         group = self.group
@@ -52,9 +60,13 @@ class _InstanceTransport(MPITransport):
         bufs = {p: self._buffer(p, n, dtype) for p, (n, dtype) in recvs.items()}
         pending = {p: group.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
                    for p in bufs}
+        for p in bufs:
+            self.posted_from[p] = self.posted_from.get(p, 0) + 1
         keep = [np.ascontiguousarray(a) for a in sends.values()]
         sreqs = [group.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag)
                  for p, a in zip(sends, keep)]
+        for p in sends:
+            self.sent_to[p] = self.sent_to.get(p, 0) + 1
         start = time.monotonic()
         next_check = start + _CHECK_PERIOD
         backoff = _Backoff()
@@ -112,7 +124,8 @@ class MPIInstanceGroup(InstanceGroup):
         self.rank = index
         self.data = self._dup(world)
         self.ctrl = self._dup(world)
-        self.gone: Dict[int, Tuple[str, int, str]] = {}   # peer -> (kind, origin, message)
+        # peer -> (kind, origin, message, data messages it sent to this instance)
+        self.gone: Dict[int, Tuple[str, int, str, int]] = {}
         self._last_liveness = time.monotonic()
         self._peer_signal = False
         self.transport = _InstanceTransport(self)
@@ -155,15 +168,21 @@ class MPIInstanceGroup(InstanceGroup):
         MPI = self.MPI
         st = MPI.Status()
         while self.ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=NOTICE, status=st):
-            kind, origin, message = self.ctrl.recv(source=st.Get_source(), tag=NOTICE)
-            self.gone.setdefault(st.Get_source(), (kind, origin, message))
+            kind, origin, message, sent = self.ctrl.recv(source=st.Get_source(), tag=NOTICE)
+            self.gone.setdefault(st.Get_source(), (kind, origin, message, sent))
+
+    def _left_without(self, peer: int) -> bool:
+        """Whether `peer` said goodbye without sending all the data this instance expects from
+        it (its goodbye may overtake data it did send: that data is on its way)."""
+        kind, _, _, sent = self.gone[peer]
+        return kind != "failed" and sent < self.transport.posted_from.get(peer, 0)
 
     def check(self, waiting: Dict[int, object], mtag: int) -> None:
         """Raise if the launch failed, or a peer in `waiting` (peer -> its pending receive)
         exited, died or diverged."""
         MPI = self.MPI
         self._read_notices()
-        for peer, (kind, origin, message) in sorted(self.gone.items()):
+        for peer, (kind, origin, message, _) in sorted(self.gone.items()):
             if kind == "failed":
                 raise InstanceFailed(f"instance {origin} failed: {message}", origin)
         st = MPI.Status()
@@ -180,7 +199,7 @@ class MPIInstanceGroup(InstanceGroup):
                     f"diverged (they must build the same programs and run them in the same "
                     f"order)", peer)
         for peer in waiting:
-            if peer in self.gone:
+            if peer in self.gone and self._left_without(peer):
                 raise InstanceFailed(f"instance {peer} ended its script without joining this "
                                      f"collective (it exited): the instances diverged", peer)
         now = time.monotonic()
@@ -206,7 +225,8 @@ class MPIInstanceGroup(InstanceGroup):
     # --- ending ---------------------------------------------------------------------------
     def _notify(self, kind: str, origin: int, message: str) -> list:
         # Failed peers still wait for this notice (as their acknowledgement); gone ones do not.
-        return [self.ctrl.isend((kind, origin, message), dest=p, tag=NOTICE)
+        sent = self.transport.sent_to
+        return [self.ctrl.isend((kind, origin, message, sent.get(p, 0)), dest=p, tag=NOTICE)
                 for p in self.peers if p not in self.gone or self.gone[p][0] == "failed"]
 
     def fail(self, message: str, origin: int) -> bool:
@@ -220,8 +240,13 @@ class MPIInstanceGroup(InstanceGroup):
         while time.monotonic() < deadline:
             self._read_notices()
             missing = [p for p in self.peers if p not in self.gone]
-            if not missing or not [p for p in missing if p not in self._dead(missing)]:
-                return not missing
+            if not missing:
+                return True
+            if not [p for p in missing if p not in self._dead(missing)]:
+                # Nobody left to tell, but MPI_Finalize would wait for the dead: end here (an
+                # MPI_Abort would make the process manager kill every rank, output unflushed).
+                flush_stdio()
+                os._exit(1)
             backoff.wait()
         return False
 
@@ -237,5 +262,54 @@ class MPIInstanceGroup(InstanceGroup):
             backoff.wait()
 
     def abort(self, code: int) -> None:
-        _flush()
+        flush_stdio()
+        if _under_popxl_launcher():
+            os._exit(code)       # the launcher stops the others (and keeps every exit code)
         self.MPI.COMM_WORLD.Abort(code)
+
+
+def _under_popxl_launcher() -> bool:
+    """Whether poprun / `popxl-run --instances` runs this instance: it stops the others a few
+    seconds after one fails, so no MPI_Abort is needed (a plain mpiexec has nobody else)."""
+    return bool(os.environ.get("POPXL_EXIT_DIR"))
+
+
+# Seconds a failing instance waits to join MPI in order to abort it: the others join when they
+# create their first Session, which on a loaded machine can take many seconds (5 s was too short).
+_INIT_PATIENCE = 20.0
+
+
+def abort_before_first_session() -> None:
+    """An instance failed before its first popdist Session. The others may be waiting for it in
+    MPI (in MPI_Init, which completes only when every rank joins, or in the Session's first
+    collective), and MPI cannot finalise while they do: join MPI if needed (giving up after
+    `_INIT_PATIENCE` seconds, when the others are not waiting there) and abort the job. MPI_Init
+    returns only once every rank of the node has mapped MPICH's shared memory, so its name is
+    removed first (MPI_Abort would leave it in /dev/shm). Under popxl's own launchers nothing is
+    needed: they stop the others."""
+    if _under_popxl_launcher():
+        return
+
+    def abort() -> None:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            unlink_mpich_segments()
+            # Said before MPI_Abort: hydra may stop forwarding output as the abort arrives, so
+            # MPICH's own "application called MPI_Abort" line is sometimes lost.
+            print(f"popxl: MPI rank {MPI.COMM_WORLD.Get_rank()} failed before its first popdist "
+                  f"Session: aborting the MPI job (MPI_Abort)", file=sys.stderr, flush=True)
+            flush_stdio()
+            time.sleep(0.2)          # lets the launcher forward this output before the abort
+            MPI.COMM_WORLD.Abort(1)
+
+    if "mpi4py.MPI" in sys.modules:
+        abort()
+        return
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return
+    t = threading.Thread(target=abort, name="popxl-abort", daemon=True)
+    t.start()
+    t.join(_INIT_PATIENCE)

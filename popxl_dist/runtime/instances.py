@@ -21,7 +21,7 @@ from .._ir.records import IrData
 from ..engine.comm import Communicator, Layout
 from ..engine.executor import Worker
 from .base import Runtime, emit_prints, host_value, needed_replicas
-from .instance_group import instance_group
+from .instance_join import instance_group
 
 __all__ = ["InstanceRuntime", "program_signature"]
 

@@ -17,11 +17,12 @@ from typing import Callable, Deque, List, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["Link", "Message", "CMD", "REPLY", "DATA", "ABORT", "FIN", "BYE", "KIND_NAMES"]
+__all__ = ["Link", "Message", "CMD", "REPLY", "DATA", "ABORT", "FIN", "BYE", "OUTPUT", "FAILED",
+           "KIND_NAMES"]
 
-CMD, REPLY, DATA, ABORT, FIN, BYE = 1, 2, 3, 4, 5, 6
+CMD, REPLY, DATA, ABORT, FIN, BYE, OUTPUT, FAILED = 1, 2, 3, 4, 5, 6, 7, 8
 KIND_NAMES = {CMD: "command", REPLY: "reply", DATA: "data", ABORT: "abort", FIN: "finished",
-              BYE: "bye"}
+              BYE: "bye", OUTPUT: "output", FAILED: "failed"}
 # kind, number of buffers, run id, a, b, len(meta), len(body)
 _HDR = struct.Struct("<IIqqqQQ")
 _SMALL = 64 << 10          # messages up to this size are joined into one write

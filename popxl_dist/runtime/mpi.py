@@ -125,6 +125,7 @@ class MPIPool(WorkerPool):
         self.transport = MPITransport(self)
         self.service = WorkerService(self.rank, self.transport, self._on_run)
         self.broken: Optional[str] = None
+        self.interrupted = False                 # a run was stopped by Ctrl-C
         self._replies: Dict[int, tuple] = {}     # worker -> reply of the current call
         self._last_liveness = time.monotonic()
         self._peer_signal = False
@@ -236,6 +237,10 @@ class MPIPool(WorkerPool):
             err = CollectiveTimeout(f"worker {worker} (MPI rank {worker}): {text}")
             err.workers = tuple(silent)
             raise err
+        if status == "died":
+            _, dead = value
+            raise self._died(sorted(set(dead) | set(self._dead_peers(
+                [r for r in range(1, self.size) if r != worker]))) or [worker])
         return worker
 
     def _wait_replies(self, run_id: int, workers: Sequence[int]) -> None:
@@ -269,7 +274,15 @@ class MPIPool(WorkerPool):
         """Stop the other workers' part of a failed run and collect their replies."""
         if isinstance(exc, WorkerDied):
             return
-        pending = [w for w in workers if w not in self._replies]
+        if not isinstance(exc, Exception):
+            # Interrupted (Ctrl-C): the script is on its way out, so no waiting for the others
+            # (they are stopped when it ends).
+            self.broken = self.broken or f"a run was interrupted ({_describe(exc)})"
+            self.interrupted = True
+            return
+        # A dead worker cannot answer: never wait for it (nor message it).
+        pending = [w for w in workers if w not in self._replies
+                   and w not in self._dead_peers([w])]
         silent = [w for w in getattr(exc, "workers", ()) if w in pending] \
             if isinstance(exc, CollectiveTimeout) else []
         if silent:
@@ -323,6 +336,17 @@ class MPIPool(WorkerPool):
             backoff.wait()
         return True
 
+    def kill_workers(self) -> None:
+        """SIGKILL the workers on this host (the host's way out of a broken pool: a stopped or
+        stuck worker can neither finish nor let MPI finalise)."""
+        host = socket.gethostname()
+        for r in range(1, self.size):
+            if self.procs[r][0] == host and _alive(self.procs[r][1]):
+                try:
+                    os.kill(self.procs[r][1], signal.SIGKILL)
+                except OSError:
+                    pass
+
     # --- worker side -------------------------------------------------------------------
     def serve(self) -> None:
         """Answer the host's commands until it says shut down (or dies)."""
@@ -346,7 +370,10 @@ class MPIPool(WorkerPool):
                 except CollectiveTimeout as e:
                     reply = ("timeout", self.rank, run_id, (str(e), tuple(e.workers)))
                 except WorkerDied as e:
-                    reply = ("error", self.rank, run_id, _describe(e))
+                    # Another worker died while this one waited for it: the host reports the
+                    # death (WorkerDied naming it), not this worker's failed collective.
+                    reply = ("died", self.rank, run_id,
+                             (str(e), tuple(getattr(e, "workers", ()) or ())))
                 except BaseException as e:  # noqa: BLE001 - reported to the host
                     reply = ("error", self.rank, run_id, _describe(e))
                     if os.environ.get("POPXL_DEBUG"):

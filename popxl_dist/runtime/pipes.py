@@ -45,6 +45,16 @@ def unlink_segments(prefix: str) -> int:
     return n
 
 
+def _check_private(fd: int, path: str, size: int) -> None:
+    """Refuse a segment that is not this user's own private file of the expected size (the
+    creator makes it `O_EXCL`, mode 0600)."""
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size != size:
+        raise PermissionError(f"shared-memory segment {path} is not a private segment of this "
+                              f"user (owner {st.st_uid}, mode {oct(st.st_mode & 0o777)}, "
+                              f"{st.st_size} bytes)")
+
+
 class ShmRing:
     """One direction of a same-node link: a byte ring of `capacity` (a power of two) bytes in
     the shared-memory segment `name`. The writer creates it, the reader attaches; either may
@@ -60,10 +70,12 @@ class ShmRing:
         self._mask = capacity - 1
         path = os.path.join(SHM_DIR, name)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             if create:
                 os.ftruncate(fd, _DATA + capacity)
+            else:
+                _check_private(fd, path, _DATA + capacity)
             # Populate the pages now: first-touch faults on tmpfs cost ~10 us per page.
             self._mm = mmap.mmap(fd, _DATA + capacity,
                                  flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))

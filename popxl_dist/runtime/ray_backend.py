@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import secrets
 import subprocess
@@ -30,14 +29,14 @@ from typing import Any, List, Optional, Sequence
 from ..errors import WorkerDied, WorkerError
 from .endpoint import (ERROR, Endpoint, EndpointTransport, decode, describe, encode,
                        serve)
-from .env import collective_timeout, ray_address, ray_transport
+from .env import collective_timeout, ray_transport
 from .links import ABORT, BYE, CMD, FIN
 from .liveness import Watchdog
-from .mesh import MeshMember
+from .mesh import MeshMember, listen_address, new_token
 from .pipes import shm_supported, unlink_segments
 from .polling import Backoff, process_start_time, process_stopped
 from .pool import WorkerPool
-from .ray_quiet import quiet_ray_start
+from .ray_init import init_ray, spans_nodes
 from .service import WorkerService
 
 __all__ = ["RayPool", "ray_pool"]
@@ -81,11 +80,12 @@ class _ActorWorker:
     """The body of worker actor `index` (wrapped with `ray.remote` on first use)."""
 
     def __init__(self, index: int, size: int, job: str, token: bytes, timeout: float,
-                 use_shm: bool):
+                 use_shm: bool, spans: bool):
         self.node, ip = _node_and_ip()
         self.endpoint = Endpoint(index, timeout)
-        self.mesh = MeshMember(self.endpoint, job, token, size, self.node, ip,
-                               use_shm and shm_supported())
+        use_shm = use_shm and shm_supported()
+        self.mesh = MeshMember(self.endpoint, job, token, size, self.node, ip, use_shm,
+                               listen_address(spans, use_shm, ip))
 
     def hello(self) -> dict:
         return self.mesh.hello()
@@ -125,19 +125,8 @@ class _RayProcess:
         self.reaper: Optional[subprocess.Popen] = None
 
     def ensure(self, actors: int) -> None:
-        import ray
-
-        if ray.is_initialized():
+        if not init_ray(max(actors, os.cpu_count() or 1), actors):
             return
-        address = ray_address()
-        quiet_ray_start(starting_local=not address, actors=actors)
-        quiet = {"logging_level": logging.WARNING, "configure_logging": False}
-        if address:
-            ray.init(address=address, **quiet)
-            return
-        # address="local": a new Ray, not the one `ray start` last left on this machine.
-        ray.init(address="local", num_cpus=max(actors, os.cpu_count() or 1),
-                 include_dashboard=False, **quiet)
         self.started = True
         self.reaper = subprocess.Popen(
             [sys.executable, os.path.join(os.path.dirname(__file__), "ray_reaper.py")],
@@ -211,7 +200,7 @@ class RayPool(WorkerPool):
         self.size = size
         self.broken: Optional[str] = None
         self.closed = False
-        self.job = f"popxl-ray-{os.getpid()}-{secrets.token_hex(4)}"
+        self.job = f"popxl-ray-{os.getpid()}-{secrets.token_hex(12)}"
         self.endpoint = Endpoint(0, collective_timeout())
         self.transport = EndpointTransport(self.endpoint, self._replied_during_collective)
         self.service = WorkerService(0, self.transport, self.transport.start_run)
@@ -232,15 +221,17 @@ class RayPool(WorkerPool):
         _RAY.ensure(self.size - 1)
         self.node, ip = _node_and_ip()
         use_shm = ray_transport() == "auto" and shm_supported()
-        token = secrets.token_bytes(16)
+        spans = spans_nodes()
+        token = new_token()
         timeout = self.endpoint.timeout
         cls = ray.remote(num_cpus=1)(_ActorWorker)
         opts = {"runtime_env": {"env_vars": _actor_env()},
                 "scheduling_strategy": "SPREAD"}
-        mesh = MeshMember(self.endpoint, self.job, token, self.size, self.node, ip, use_shm)
+        mesh = MeshMember(self.endpoint, self.job, token, self.size, self.node, ip, use_shm,
+                          listen_address(spans, use_shm, ip))
         try:
             self.actors = [cls.options(**opts).remote(i, self.size, self.job, token, timeout,
-                                                      use_shm)
+                                                      use_shm, spans)
                            for i in range(1, self.size)]
             table = [mesh.hello()] + ray.get([a.hello.remote() for a in self.actors],
                                              timeout=_SETUP_TIMEOUT)

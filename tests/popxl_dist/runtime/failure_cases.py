@@ -18,6 +18,9 @@ Scenarios (each prints `ok <scenario> <seconds>` or `FAIL <scenario>: <details>`
   stall     worker 1 is stopped (SIGSTOP, mpi / ray) before a collective: CollectiveTimeout
             naming the op, the replicas and worker 1 at POPXL_COLLECTIVE_TIMEOUT (run with a
             few seconds), not later.
+  crash_mid worker 2 of 3 is killed while every other worker waits for it in an all-reduce
+            (mpi / ray, 3 workers): the host gets WorkerDied naming worker 2, at once, never a
+            failed collective of a worker that saw it die.
   (crash_long and stall also print `job segments=PATH,...`.)
 Exit status: number of failed scenarios.
 """
@@ -231,9 +234,50 @@ def scenario_stall() -> None:
             raise AssertionError("a stopped worker raised nothing")
 
 
+def scenario_crash_mid() -> None:
+    replicas = int(os.environ.get("POPXL_WORKERS", "3"))
+    ir = popxl.Ir(replication=replicas)
+    with ir.main_graph:
+        xs = popxl.h2d_stream((1 << 16,), popxl.float32, "x")
+        y = ops.collectives.replicated_all_reduce(ops.host_load(xs, "x"))
+        ys = popxl.d2h_stream(y.shape, popxl.float32, "y")
+        ops.host_store(ys, y)
+    data = np.ones((replicas, 1 << 16), np.float32)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        sess.run({xs: data})
+        victim = _worker_pid(2)
+        os.kill(victim, signal.SIGSTOP)         # the others reach the all-reduce and wait
+        killed = []
+
+        def kill() -> None:
+            killed.append(time.monotonic())
+            os.kill(victim, signal.SIGKILL)
+            if os.environ.get("POPXL_BACKEND") == "mpi":
+                # What hydra did on a rank's death: SIGUSR1 to the others. Worker 1 then sees
+                # the death first, before the host's own check.
+                os.kill(_worker_pid(1), signal.SIGUSR1)
+
+        timer = threading.Timer(1.5, kill)
+        timer.start()
+        try:
+            sess.run({xs: data})
+        except WorkerDied as e:
+            took = time.monotonic() - killed[0]
+            assert "worker(s) [2]" in str(e) or "worker 2" in str(e), str(e)
+            assert took < 4.0, f"the death was reported {took:.1f} s after the kill"
+            print(f"crash_mid: WorkerDied {took:.2f} s after the kill: {e}", flush=True)
+        except EngineError as e:
+            raise AssertionError(f"killing worker 2 mid all-reduce raised {type(e).__name__}, "
+                                 f"not WorkerDied: {e}") from None
+        else:
+            raise AssertionError("killing worker 2 raised nothing")
+        finally:
+            timer.cancel()
+
+
 SCENARIOS = {"error": scenario_error, "diverge": scenario_diverge, "crash": scenario_crash,
              "sleep": scenario_sleep, "long": scenario_long, "crash_long": scenario_crash_long,
-             "stall": scenario_stall}
+             "stall": scenario_stall, "crash_mid": scenario_crash_mid}
 
 
 def main(names) -> int:

@@ -21,12 +21,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 import pytest
 
-from procs import run_in_session, wait_until
+from procs import mapped_files, run_in_session, tree_pids, wait_until
 from procs import session_processes as job_processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -226,6 +227,14 @@ def test_an_instance_that_dies_is_named_and_its_exit_code_returned():
 
 
 @needs_mpi
+def test_a_goodbye_read_before_the_data_sent_ahead_of_it_is_not_taken_for_an_exit():
+    res = poprun("--num-instances", "2", sys.executable,
+                 os.path.join(HERE, "instance_goodbye.py"), timeout=120)
+    assert res.returncode == 0, res.text[-3000:]
+    assert "got 100000 values" in lines_of(res.stdout, "[1,0]<stdout>: "), res.text[-3000:]
+
+
+@needs_mpi
 def test_an_instance_that_exits_early_is_named_and_its_exit_code_returned():
     res = _failure("exit")
     took, line = _caught(res, "InstanceFailed")
@@ -271,19 +280,35 @@ def test_an_instance_failing_before_its_session_stops_the_job():
 
 @needs_mpi
 def test_under_plain_mpiexec_an_instance_failing_before_its_session_aborts_the_job():
+    """...and leaves no MPICH segment in /dev/shm (MPI_Abort used to leave it every time): the
+    job's segments are read from its processes' memory maps while it runs."""
     t0 = time.monotonic()
-    res = launch([os.path.join(BIN, "mpiexec"), "-n", "2", sys.executable, FAILURES,
-                  "early-ir"], timeout=120)
-    assert res.returncode != 0 and time.monotonic() - t0 < 60, res.text[-3000:]
-    assert "RuntimeError: instance 1 fails before its Session" in res.text
+    proc = subprocess.Popen([os.path.join(BIN, "mpiexec"), "-n", "2", sys.executable, FAILURES,
+                             "early-ir"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=clean_env(), cwd=ROOT, start_new_session=True)
+    out: list = []
+    reader = threading.Thread(target=lambda: out.append(proc.communicate()[0]))
+    reader.start()
+    segments: set = set()
+    while reader.is_alive() and time.monotonic() - t0 < 120:
+        segments |= mapped_files(tree_pids(proc.pid), "/dev/shm/mpich_shm_")
+    if reader.is_alive():
+        os.killpg(proc.pid, signal.SIGKILL)
+    reader.join()
+    text = out[0]
+    assert proc.returncode != 0 and time.monotonic() - t0 < 60, text[-3000:]
+    assert "RuntimeError: instance 1 fails before its Session" in text
     assert "popxl: MPI rank 1 failed before its first popdist Session: aborting the MPI job" \
-        in res.text, res.text[-3000:]
-    assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
+        in text, text[-3000:]
+    assert wait_until(lambda: not job_processes(proc.pid)), job_processes(proc.pid)
+    assert segments, "the job's processes mapped no MPICH segment"
+    assert not [s for s in segments if os.path.exists(s)], segments
 
 
-def _interrupt(cmd) -> None:
+def _interrupt(cmd) -> str:
     """Ctrl-C (SIGINT to the launch's process group) during a long run stops everything, even
-    when the launcher inherited SIGINT ignored (a background command of a CI runner)."""
+    when the launcher inherited SIGINT ignored (a background command of a CI runner); the
+    output after it (one line from the launcher, one per instance: nothing like a crash)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=clean_env(), cwd=ROOT, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
@@ -298,7 +323,7 @@ def _interrupt(cmd) -> None:
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)
         t0 = time.monotonic()
-        proc.wait(timeout=60)
+        rest = proc.communicate(timeout=60)[0]
         assert time.monotonic() - t0 < 20
     finally:
         if proc.poll() is None:
@@ -306,12 +331,18 @@ def _interrupt(cmd) -> None:
             proc.wait()
     assert proc.returncode != 0
     assert wait_until(lambda: not job_processes(proc.pid)), job_processes(proc.pid)
+    for crash in ("Traceback", "Segmentation fault", "YOUR APPLICATION TERMINATED", "signal"):
+        assert crash not in rest, rest[-3000:]
+    return rest
 
 
 @needs_mpi
 def test_ctrl_c_stops_every_instance():
-    _interrupt([sys.executable, "-m", "popxl_launch.poprun", "--num-instances", "2",
-                sys.executable, FAILURES, "sleep"])
+    rest = _interrupt([sys.executable, "-m", "popxl_launch.poprun", "--num-instances", "2",
+                       sys.executable, FAILURES, "sleep"])
+    assert "poprun: interrupted (Ctrl-C); stopping the instances" in rest, rest
+    for i in range(2):
+        assert f"[1,{i}]<stderr>: popxl: instance {i} interrupted (Ctrl-C)" in rest, rest
 
 
 # --- Ray ------------------------------------------------------------------------------------

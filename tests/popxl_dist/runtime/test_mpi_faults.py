@@ -146,6 +146,23 @@ def test_worker_killed_in_a_long_loop_is_reported_within_two_seconds():
     print("\n" + next(line for line in res.stdout.splitlines() if "reported" in line))
 
 
+def test_worker_killed_mid_all_reduce_is_reported_as_worker_died():
+    """Workers 0 and 1 wait for worker 2 in an all-reduce when it is killed, and worker 1
+    notices first (the scenario signals it as hydra did): the host still raises WorkerDied
+    naming worker 2 at once (worker 1's failed collective used to surface instead, as a
+    WorkerError, after a 5 s wait for the dead worker's answer)."""
+    tag = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}
+    env[MARKER] = tag
+    res = subprocess.run([sys.executable, "-m", "popxl_launch", "--backend", "mpi",
+                          "--workers", "3", FAILURES, "crash_mid"], capture_output=True,
+                         text=True, timeout=180, env=env, cwd=ROOT)
+    out = res.stdout + res.stderr
+    assert "ok crash_mid" in res.stdout, out[-3000:]
+    assert wait_until(lambda: not job_processes(tag)), "a process of the job survived"
+    print("\n" + next(line for line in res.stdout.splitlines() if "WorkerDied" in line))
+
+
 def test_stopped_worker_raises_collective_timeout_at_the_timeout():
     res, took = run_marked("stall", POPXL_COLLECTIVE_TIMEOUT="3")
     out = res.stdout + res.stderr

@@ -17,6 +17,7 @@ import tempfile
 
 import pytest
 
+from procs import run_in_session
 from test_backends import (HAVE_RAY, SUITE, assert_bitwise_equal, assert_suite_ok,
                            job_processes, load_weights, local_weights, popxl_run,  # noqa: F401
                            wait_until)
@@ -113,6 +114,19 @@ def test_two_node_cluster_spreads_workers_and_carries_collectives_over_sockets(
         sent = {k: sum(s["data_bytes_sent"][k] for s in stats) for k in ("shm", "socket")}
         assert sent["socket"] > 0, stats                   # the collectives crossed nodes
         assert sent["shm"] > 0, stats                      # and used shared memory within one
+
+        # Ray instances across the two nodes: their links (and the launcher's) are sockets,
+        # proven with the job's token, listening on the nodes' address during set-up only
+        dp = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.dirname(os.path.abspath(__file__))))), "examples", "mnist_popdist.py")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POPXL_")}
+        env.update({"POPXL_RAY_ADDRESS": cluster.address, "RAY_TMPDIR": cluster.tmp,
+                    "RAY_AUTH_MODE": "disabled"})
+        inst = run_in_session([sys.executable, "-m", "popxl_launch", "--backend", "ray",
+                               "--instances", "2", "--replicas", "4", dp, "--limit", "2",
+                               "--test-batches", "1"], env, os.path.dirname(dp), 300)
+        assert inst.returncode == 0, (inst.stdout + inst.stderr)[-3000:]
+        assert "[instance 0] Accuracy on test set:" in inst.stdout, inst.stdout[-2000:]
 
         # Ray's own variable works too, and the job left nothing on the cluster's nodes
         res, stats = _run(cluster, "RAY_ADDRESS", tmp_path, "--no-cases")
