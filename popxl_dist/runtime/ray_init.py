@@ -18,7 +18,7 @@ import ipaddress
 import logging
 import os
 import secrets
-from typing import Dict
+from typing import Dict, Optional
 
 from .env import ray_address
 from .ray_quiet import quiet_ray_start
@@ -46,17 +46,18 @@ def _local_env() -> Dict[str, str]:
     return env
 
 
-def init_ray(cpus: int, actors: int, prog: str = "popxl") -> bool:
-    """Connect this process to Ray (unless it already is) for a job of `actors` actors; True if
-    it started a new local Ray (then it must shut it down). `prog` names the program in the one
-    line said when a local Ray starts."""
+def init_ray(cpus: int, actors: Optional[int] = None, prog: str = "popxl") -> bool:
+    """Connect this process to Ray (unless it already is) for a job of `actors` actors (default
+    `cpus`); True if it started a new local Ray (then it must shut it down). `prog` names the
+    program in the one line said when a local Ray starts."""
     import ray
 
     if ray.is_initialized():
         return False
     quiet = {"logging_level": logging.WARNING, "configure_logging": False}
     address = ray_address()
-    quiet_ray_start(starting_local=not address, actors=actors, prog=prog)
+    quiet_ray_start(starting_local=not address, actors=cpus if actors is None else actors,
+                    prog=prog)
     if address:
         ray.init(address=address, **quiet)
         return False
