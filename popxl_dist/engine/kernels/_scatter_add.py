@@ -8,14 +8,13 @@
 * destinations with few additions are added in passes: pass k adds the k-th row of every such
   destination at once (no destination twice in a pass, so plain fancy-index `+=` is exact);
 * destinations with many additions (e.g. T5's relative-position buckets: 32 destinations for
-  512 x 512 indices) are summed by `np.add.accumulate` over `[out[d], row_1, row_2, ...]`, whose
-  running sum is sequential (unlike `np.sum`/`np.add.reduce`, which sum pairwise).
+  512 x 512 indices) are summed by `np.add.accumulate` over `out[d] + row_1, row_2, ...`,
+  whose running sum is sequential (unlike `np.sum`/`np.add.reduce`, which sum pairwise).
 
-Python-level iterations are at most ~2 * sqrt(N) (passes plus heavy destinations).
+Python-level iterations (passes plus heavy destinations) are as few as the counts allow,
+at most ~2 * sqrt(N).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -49,8 +48,7 @@ def scatter_add_rows(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None
     counts = np.bincount(idx, minlength=n_dest)
     starts = np.cumsum(counts) - counts
     present = np.flatnonzero(counts)
-    heavy_limit = max(8, math.isqrt(n))
-    is_heavy = counts[present] > heavy_limit
+    is_heavy = counts[present] > _heavy_limit(counts[present])
     active = present[~is_heavy]
     k = 0
     while active.size:
@@ -58,6 +56,17 @@ def scatter_add_rows(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None
         k += 1
         active = active[counts[active] > k]
     for d in present[is_heavy]:
-        seg = np.concatenate([out[d:d + 1], srows[starts[d]:starts[d] + counts[d]]])
+        seg = srows[starts[d]:starts[d] + counts[d]]      # our own copy: summed in place
+        seg[0] = out[d] + seg[0]
         np.add.accumulate(seg, axis=0, out=seg)
         out[d] = seg[-1]
+
+
+def _heavy_limit(counts: np.ndarray) -> int:
+    """The count above which a destination is summed on its own: the one that minimises the
+    Python-level iterations, passes (the limit) plus heavy destinations (those above it)."""
+    desc = np.sort(counts)[::-1]
+    # Making the j largest heavy costs j destinations plus desc[j] passes.
+    cost = np.arange(desc.size + 1) + np.append(desc, 0)
+    j = int(np.argmin(cost))
+    return int(desc[j]) if j < desc.size else 0
