@@ -488,7 +488,6 @@ class _AliasPlan:
                 self.copy_returns.add(t)
             seen_roots.add(r)
 
-
     def _plan_reshape_syncs(self, may_copy, mods, root, descendants, all_tensors, gd) -> None:
         """`reshape_` of an array NumPy cannot view (non-contiguous) gives a copy, yet upstream's
         output aliases its input. Where a later write to either side could be observed, the
