@@ -10,11 +10,10 @@ import numpy as np
 
 from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, host_view, storage_numpy, storage_view
-from .engine.compile import stream_slots
 from .remote_buffer import check_variables_fit_buffers
 from .runtime import create_runtime
-from .session_checks import (as_stream_mapping, check_output_array, check_store_counts,
-                             checked_downcast, number_as, read_only, session_failed)
+from .session_checks import (as_stream_mapping, check_output_array, checked_downcast,
+                             number_as, read_only, session_failed)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
@@ -97,7 +96,6 @@ class Session:
                       "memmapped variable.")
         check_variables_fit_buffers(ir._data)
         check_op_to_identity_applied(ir._data)
-        check_store_counts(ir._data, stream_slots(ir._data)[1])
         ir._prepared = True
         data = ir._data
         data.floating_point_checks = bool(ir._session_opts().enableFloatingPointChecks)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._scatter_add import scatter_add_rows
 from ._util import F16, F32, np_dtype
 from .registry import kernel
 
@@ -89,6 +90,12 @@ def _in_range(idx: np.ndarray, dim: int, zero_oor: bool) -> np.ndarray:
     return (idx >= (0 if zero_oor else -dim)) & (idx < dim)
 
 
+def _all_in_range(idx: np.ndarray, dim: int, zero_oor: bool) -> bool:
+    """`_in_range(...).all()` by two reductions (no temporaries: T5 gathers 512 x 512)."""
+    return idx.size == 0 or (int(idx.min()) >= (0 if zero_oor else -dim)
+                             and int(idx.max()) < dim)
+
+
 def _gather_factory(attrs, ins, outs):
     axis = int(attrs["axis"])
     groups = int(attrs.get("group_size", 1))
@@ -96,9 +103,9 @@ def _gather_factory(attrs, ins, outs):
     dim = ins[0].shape[axis]
 
     def take(x, idx, ax):
-        ok = _in_range(idx, dim, zero_oor)
-        if ok.all():
+        if _all_in_range(idx, dim, zero_oor):
             return np.take(x, idx.astype(np.intp, copy=False), axis=ax)
+        ok = _in_range(idx, dim, zero_oor)
         r = np.take(x, np.where(ok, idx, 0).astype(np.intp), axis=ax)
         mask = ok.reshape((1,) * ax + ok.shape + (1,) * (x.ndim - ax - 1))
         return np.where(mask, r, np.zeros((), r.dtype))
@@ -123,13 +130,15 @@ def _gather_grad(attrs, ins, outs):
     dim = shape[axis]
 
     def add_into(dx, dy, idx, ax):
-        idx = idx.astype(np.intp, copy=False)
-        ok = _in_range(idx, dim, zero_oor)
-        if not ok.all():                       # out-of-range rows got no data: no gradient
-            mask = ok.reshape((1,) * ax + ok.shape + (1,) * (dx.ndim - ax - 1))
-            dy = np.where(mask, dy, 0)
-            idx = np.where(ok, idx, 0)
-        np.add.at(dx, (slice(None),) * ax + (idx,), dy.astype(calc, copy=False))
+        """dx's rows along `ax` += dy's, in index order (the bits of a sequential loop)."""
+        idx = idx.astype(np.intp, copy=False).reshape(-1)
+        rows = np.moveaxis(dy.reshape(dx.shape[:ax] + (idx.size,) + dx.shape[ax + 1:]), ax, 0)
+        if not _all_in_range(idx, dim, zero_oor):   # out-of-range rows: no gradient
+            ok = _in_range(idx, dim, zero_oor)
+            idx, rows = idx[ok], rows[ok]
+        if not zero_oor and idx.size and idx.min() < 0:
+            idx = np.where(idx < 0, idx + dim, idx)
+        scatter_add_rows(np.moveaxis(dx, ax, 0), idx, rows.astype(calc, copy=False))
 
     def run(dy, idx):
         dx = np.zeros(shape, calc)
