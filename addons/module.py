@@ -256,10 +256,15 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         return iter(subs)
 
     def __len__(self) -> int:
+        """popxl-dist extension: the number of modules of a `Module.from_list` module."""
         subs = self.__dict__.get("_sub_modules")
         if subs is None:
             raise AttributeError(f"{type(self).__name__} is not a list of modules")
         return len(subs)
+
+    def __bool__(self) -> bool:
+        """Always true, as upstream (which has no `__len__`): `if self.norm:` tests presence."""
+        return True
 
     # --- calling -----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -9,10 +9,9 @@ import numpy as np
 
 from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, storage_numpy
-from .engine.compile import stream_slots
 from .runtime import create_runtime
-from .session_checks import (as_stream_mapping, check_output_array, check_store_counts,
-                             checked_downcast, read_only, session_failed)
+from .session_checks import (as_stream_mapping, check_output_array, checked_downcast,
+                             read_only, session_failed)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
@@ -91,7 +90,6 @@ class Session:
         # As upstream: a read-only memmap variable cannot take weights back on exit.
         self.weights_to_host_on_exit = weights_to_host_on_exit and not ir._has_read_only_memmap
         check_op_to_identity_applied(ir._data)
-        check_store_counts(ir._data, stream_slots(ir._data)[1])
         ir._prepared = True
         data = ir._data
         main = data.main

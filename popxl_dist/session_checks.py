@@ -1,5 +1,5 @@
 """The checks `Session` makes before anything runs, so bad arguments never reach the workers and
-no run returns a silently wrong answer: argument types, host-transfer counts, and values that a
+no run returns a silently wrong answer: argument types and values that a
 downcast to the stream's dtype would change (int64 wrapping, float64 overflowing to inf)."""
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .engine.transfers import store_shortfalls
 from .errors import SessionFailed
 
-__all__ = ["as_stream_mapping", "checked_downcast", "check_output_array", "check_store_counts",
-           "read_only", "session_failed"]
+__all__ = ["as_stream_mapping", "checked_downcast", "check_output_array", "read_only",
+           "session_failed"]
 
 _INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.iinfo(np.uint32)}
 
@@ -73,26 +72,6 @@ def check_output_array(stream_id: str, arr: Any, want: np.dtype, dtype_name: str
     if not arr.flags.writeable:
         raise ValueError(f"Session.run_with_outputs: output array for stream '{stream_id}' is "
                          f"read-only; pass a writable array (e.g. a copy)")
-
-
-def check_store_counts(ir_data, d2h) -> None:
-    """Refuse a program that stores a d2h stream fewer than `num_host_transfers` times in every
-    run: those transfers of its output would be uninitialised memory (upstream returns
-    `np.empty` garbage there)."""
-    certain, _ = store_shortfalls(ir_data, d2h)
-    if not certain:
-        return
-    n = ir_data.num_host_transfers
-    lines = []
-    for s, k in certain.items():
-        how = ("is never stored by a run (its host_store is in a graph the main graph does not "
-               "call)" if k == 0 else f"is stored at most {k} time(s) per run")
-        lines.append(f"device-to-host stream '{s}' {how}")
-    raise ValueError(
-        f"Session: {'; '.join(lines)}, but ir.num_host_transfers is {n}: the output transfers "
-        f"that no host_store writes would be uninitialised memory (upstream returns np.empty "
-        f"garbage there). Store to each stream {n} time(s) per run (e.g. host_store inside "
-        f"ops.repeat(graph, {n}, ...)), or set ir.num_host_transfers to the number of stores.")
 
 
 def read_only(arr: np.ndarray) -> np.ndarray:

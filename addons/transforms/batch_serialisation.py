@@ -460,7 +460,6 @@ def batch_serialise_fwd_and_grad(forward_graph: GraphWithNamedArgs,
     named = {t: k for k, t in (named_inputs_for_grad_graph or NamedTensors()).to_dict().items()}
     bwd_ins = bwd.inputs
     new_args: Dict[str, popxl.Tensor] = {}
-    bwd_seed = None
     for i, ec in enumerate(info.expected_inputs):
         g_in, a = bwd_ins[i], ec.fwd_tensor
         if ec.connection_type == ExpectedConnectionType.FwdGrad:
@@ -468,10 +467,11 @@ def batch_serialise_fwd_and_grad(forward_graph: GraphWithNamedArgs,
                 raise ValueError(f"{what}: gradient input '{g_in.id}' (the gradient of "
                                  f"'{a.id}') needs a load handle")
             continue
+        # The seed (`seed_input`) is an activation like any other: the forward loop stores
+        # the seed each step used and the gradient loop loads it, so the gradient graph
+        # (e.g. a recomputed one) sees the same seed without taking one itself.
         if a in named:
             new_args[named[a]] = g_in
-        elif seed_input is not None and a == seed_input:
-            bwd_seed = g_in
         elif g_in in bwd_loads:
             continue
         elif a in fwd_loads and isinstance(fwd_loads[a], (RemoteHandle, tuple)):
@@ -488,13 +488,11 @@ def batch_serialise_fwd_and_grad(forward_graph: GraphWithNamedArgs,
     args.update(gradient_graph.args)
     gradient_graph.args = args
     grad_result = batch_serialise(gradient_graph, steps, bwd_loads, bwd_streams, bwd_buffers,
-                                  bwd_seed, rows, io_mode)
-    # Inputs that stand for forward values: the row number, the seed, the named fwd inputs.
+                                  None, rows, io_mode)
+    # Inputs that stand for forward values: the row number, the named fwd inputs.
     f_remap = fwd_result._remap_dict
     g_outer, f_outer = grad_result.graph.graph, fwd_result.graph.graph
     conns = [ExpectedConnection(f_outer.inputs[0], ExpectedConnectionType.Fwd)]
-    if bwd_seed is not None:
-        conns.append(ExpectedConnection(f_remap[seed_input], ExpectedConnectionType.Fwd))
     g_remap = grad_result._remap_dict
     fwd_of = {g_remap[bwd_ins[i]]: ec.fwd_tensor for i, ec in enumerate(info.expected_inputs)
               if bwd_ins[i] in g_remap}

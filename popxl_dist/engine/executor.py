@@ -15,7 +15,6 @@ from ..dtypes import storage_numpy
 from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerError
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
-from .transfers import store_shortfalls
 
 __all__ = ["ReplicaContext", "Worker", "group_layout", "shard_of", "unshard"]
 
@@ -107,10 +106,6 @@ class Worker:
                 ctx.remote[bid] = np.zeros((rec["entries"], *rec["shape"]),
                                            storage_numpy(rec["dtype"]))
         self._single = len(self.ctxs) == 1
-        # d2h streams a conditional may store fewer than num_host_transfers times: checked
-        # after each run (the Session refuses programs that always store too few).
-        _, possible = store_shortfalls(ir, p.d2h_streams)
-        self._short_store_slots = [(p.d2h_streams.index(s), s) for s in possible]
 
     # --- weights -----------------------------------------------------------------------
     def write_weights(self, values: Dict[str, np.ndarray]) -> None:
@@ -226,20 +221,16 @@ class Worker:
                 ctx.out_chunks[s] = [arr[t, j, ...] for t in range(arr.shape[0])]
                 ctx.out_count[s] = 0
         self._execute(self.program.main)
-        if self._short_store_slots:
-            self._check_store_counts()
+        self._zero_unstored_transfers()
 
-    def _check_store_counts(self) -> None:
-        n = self.ir.num_host_transfers
+    def _zero_unstored_transfers(self) -> None:
+        """A d2h stream stored k times in a run, fewer than its output's transfers T, leaves
+        transfers k..T-1 unwritten (upstream: whatever the host buffer held, `np.empty` memory
+        for `Session.run`). Here they are zero, on every backend."""
         for ctx in self.ctxs:
-            for slot, stream in self._short_store_slots:
-                k = ctx.out_count[slot]
-                if k < n:
-                    raise EngineError(
-                        f"replica {ctx.replica}: device-to-host stream '{stream}' was stored "
-                        f"{k} time(s) in this run but num_host_transfers is {n} (a conditional "
-                        f"skipped its host_store): transfers {k}..{n - 1} of its output would "
-                        f"be uninitialised memory. Store to it {n} time(s) in every run.")
+            for chunks, k in zip(ctx.out_chunks, ctx.out_count):
+                for chunk in chunks[k:]:
+                    chunk[...] = 0
 
     def _execute(self, cg) -> None:
         if cg.has_collectives:

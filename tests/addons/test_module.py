@@ -160,3 +160,30 @@ def test_layers_linear_layernorm():
     yy = x0 @ w
     want = (yy - yy.mean(-1, keepdims=True)) / np.sqrt(yy.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_a_module_is_true_in_a_boolean_context():
+    """`if self.norm:` (an optional sub-module) tests presence, as upstream: a module without
+    sub-modules, and an empty `from_list` one, are true."""
+
+    class MaybeScaled(addons.Module):
+        def __init__(self, scaled: bool):
+            super().__init__()
+            self.scale = Scale() if scaled else None
+
+        def build(self, x):
+            return self.scale(x) if self.scale else x
+
+    assert bool(Scale()) and bool(addons.Module.from_list([]))
+    assert len(addons.Module.from_list([Scale()])) == 1
+    results = []
+    for scaled in (True, False):
+        ir = popxl.Ir()
+        with ir.main_graph:
+            facts, g = MaybeScaled(scaled).create_graph(popxl.TensorSpec((2,), popxl.float32))
+            y, = g.bind(facts.init()).call(popxl.variable(np.ones(2, np.float32)))
+            st = addons.host_store(y)
+        with popxl.Session(ir, "ipu_hw") as s:
+            results.append(s.run()[st])
+    np.testing.assert_array_equal(results[0], 3.0)
+    np.testing.assert_array_equal(results[1], 1.0)

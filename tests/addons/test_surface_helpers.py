@@ -80,10 +80,13 @@ def test_create_grad_graph_info_and_add_recompute_inputs():
     assert [e.connection_type for e in info.expected_inputs] == [
         ExpectedConnectionType.FwdGrad, ExpectedConnectionType.Fwd]
     assert info.expected_outputs[0].fwd_tensor is fwd.inputs[0]
-    conns = addons.add_recompute_inputs(info)
+    with ir.create_empty_graph("recomp") as recomp:
+        fwd_map, grad_map, conns = addons.add_recompute_inputs(info)
     assert [(e.fwd_tensor, e.connection_type) for e in conns] == [
         (fwd.outputs[0], ExpectedConnectionType.FwdGrad),
         (fwd.inputs[0], ExpectedConnectionType.Fwd)]
+    assert list(grad_map) == [dy] and list(fwd_map) == [fwd.inputs[0]]
+    assert list(recomp.inputs) == [grad_map[dy], fwd_map[fwd.inputs[0]]]
     with pytest.raises(ValueError, match="in neither"):
         addons.create_grad_graph_info(ir, fwd, grad, {dy: fwd.outputs[0]},
                                       {grad.outputs[0]: fwd.inputs[0]}, {})

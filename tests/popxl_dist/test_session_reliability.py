@@ -11,7 +11,6 @@ import pytest
 
 import popxl
 import popxl.ops as ops
-from popxl.errors import EngineError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "runtime"))
 import session_cases  # noqa: E402
@@ -83,44 +82,25 @@ def _transfer_program(n, loads_per_iter=1, store_in_repeat=True):
     return ir, xs, ys, acc
 
 
-def test_an_output_stored_fewer_times_than_transfers_is_refused_at_session():
+def test_an_output_stored_fewer_times_than_transfers_reads_zero_there():
+    """Upstream accepts it (BERT's squad_inference with device_iterations > 1 stores once per
+    run); the transfers no host_store wrote are zero (upstream: uninitialised memory)."""
     ir, xs, ys, acc = _transfer_program(4, store_in_repeat=False)
-    with pytest.raises(ValueError, match=r"stream 'y' is stored at most 1 time\(s\) per run, but "
-                                         r"ir.num_host_transfers is 4.*uninitialised memory"):
-        popxl.Session(ir, "ipu_hw")
-    ir.num_host_transfers = 1        # the Ir is not frozen by the refused Session: fix it
     with popxl.Session(ir, "ipu_hw") as sess:
-        out = sess.run({xs: np.ones(2, np.float32)})[ys]
-    np.testing.assert_array_equal(out, 4)
+        out = sess.run({xs: np.ones((4, 2), np.float32)})[ys]
+    np.testing.assert_array_equal(out, [[4, 4], [0, 0], [0, 0], [0, 0]])
 
 
-def test_an_output_stored_only_in_an_uncalled_graph_is_refused():
+def test_an_output_stored_only_in_an_uncalled_graph_reads_zero():
     ir = popxl.Ir()
+    ir.num_host_transfers = 2
     with ir.main_graph:
         ys = popxl.d2h_stream((2,), popxl.float32, "y")
         ir.create_graph(lambda t: ops.host_store(ys, t), popxl.TensorSpec((2,), popxl.float32))
-    with pytest.raises(ValueError, match="'y' is never stored by a run"):
-        popxl.Session(ir, "ipu_hw")
-
-
-def test_a_conditional_that_skips_a_store_raises_at_run():
-    ir = popxl.Ir()
-    with ir.main_graph:
-        cs = popxl.h2d_stream((), popxl.bool, "c")
-        ys = popxl.d2h_stream((2,), popxl.float32, "y")
-        x = popxl.constant(np.ones(2, np.float32))
-
-        def store(t):
-            ops.host_store(ys, t)
-
-        then_g = ir.create_graph(store, x)
-        else_g = ir.create_graph(lambda t: None, x)
-        ops.conditional(ops.host_load(cs, "c"), then_g, else_g, then_inputs=[x], else_inputs=[x])
     with popxl.Session(ir, "ipu_hw") as sess:
-        np.testing.assert_array_equal(sess.run({cs: np.array(True)})[ys], 1)
-        with pytest.raises(EngineError, match=r"'y' was stored 0 time\(s\) in this run but "
-                                              r"num_host_transfers is 1"):
-            sess.run({cs: np.array(False)})
+        outs = {ys: np.full((2, 2), np.nan, np.float32)}
+        sess.run_with_outputs({}, outs)
+    np.testing.assert_array_equal(outs[ys], 0)
 
 
 def test_upstream_rules_kept_more_rows_wrap_around_and_first_rows():

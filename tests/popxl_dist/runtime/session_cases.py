@@ -137,6 +137,45 @@ def case_arguments_are_checked_before_running() -> None:
         np.testing.assert_array_equal(sess.get_tensor_data(v), 1)
 
 
+def case_unstored_output_transfers_hold_zeros() -> None:
+    """num_host_transfers = 3; `y` is stored once per run (after a 3-step repeat) and `z` by a
+    conditional that only replica 1 takes: every transfer no host_store wrote reads 0, in `run`
+    and in a `run_with_outputs` array that held other values before."""
+    n = 3
+    ir = popxl.Ir(replication=R)
+    ir.num_host_transfers = n
+    with ir.main_graph:
+        xs = popxl.h2d_stream((2,), popxl.float32, "x")
+        cs = popxl.h2d_stream((), popxl.bool, "c")
+        ys = popxl.d2h_stream((2,), popxl.float32, "y")
+        zs = popxl.d2h_stream((2,), popxl.float32, "z")
+        acc = popxl.variable(np.zeros(2, np.float32), name="acc")
+
+        def body(a: popxl.TensorByRef):
+            ops.add_(a, ops.host_load(xs, "x"))
+
+        ops.repeat(ir.create_graph(body, acc), n, acc)
+        ops.host_store(ys, acc + 0.0)
+        then_g = ir.create_graph(lambda t: ops.host_store(zs, t), acc)
+        else_g = ir.create_graph(lambda t: None, acc)
+        ops.conditional(ops.host_load(cs, "c"), then_g, else_g, then_inputs=[acc],
+                        else_inputs=[acc])
+    x = np.arange(n * R * 2, dtype=np.float32).reshape(n, R, 2) + 1
+    c = np.zeros((n, R), bool)
+    c[:, 1] = True
+    sums = x.sum(0)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        out = sess.run({xs: x, cs: c})
+        outs = {s: np.full((n, R, 2), 7.0, np.float32) for s in (ys, zs)}
+        sess.run_with_outputs({xs: x, cs: c}, outs)
+    for runs, got in enumerate((out, outs), 1):      # acc keeps adding: run k stores k * sums
+        np.testing.assert_array_equal(got[ys][0], sums * runs)
+        np.testing.assert_array_equal(got[ys][1:], 0)
+        np.testing.assert_array_equal(got[zs][0, 0], 0)          # replica 0 never stored
+        np.testing.assert_array_equal(got[zs][0, 1], sums[1] * runs)
+        np.testing.assert_array_equal(got[zs][1:], 0)
+
+
 CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 
 
