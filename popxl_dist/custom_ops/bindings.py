@@ -134,7 +134,7 @@ def sources_digest(binding_path: str) -> str:
     return h.hexdigest()
 
 
-# --- registrations ---------------------------------------------------------------------------------
+# --- registrations ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Registration:
     binding: str
@@ -219,7 +219,11 @@ def _load_env_modules() -> None:
     from . import known  # noqa: F401  (the built-in registrations)
 
     for mod in filter(None, (m.strip() for m in os.environ.get(CUSTOM_OPS_ENV, "").split(","))):
-        importlib.import_module(mod)
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise ImportError(f"{CUSTOM_OPS_ENV} names the module {mod!r}, which could not be "
+                              f"imported: {e}") from e
 
 
 def _resolve(src: BindingSource) -> Dict[str, Registration]:

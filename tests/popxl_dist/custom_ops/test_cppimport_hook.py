@@ -21,7 +21,7 @@ PROGRAM = textwrap.dedent("""\
     import numpy as np
     import popxl
     import popxl.ops as ops
-    import emulated_ops
+    {import_ops}
     from {pkg}.scaled_leak.scaled_leak import scaled_leak
     import cppimport
     from popxl.custom_ops import BindingModule
@@ -59,15 +59,22 @@ HIDE = textwrap.dedent("""\
     sys.meta_path.insert(0, Hide())""")
 
 
-def _run(tmp_path: Path, pkg: str, prelude: str, fake_real: bool) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, pkg: str, prelude: str, fake_real: bool,
+         env_registration: bool = False) -> subprocess.CompletedProcess:
+    """Run the program; the op's registration is imported by it, or (`env_registration`) named
+    in POPXL_CUSTOM_OPS."""
     write_app(tmp_path, pkg)
     path = [str(tmp_path)]
     if fake_real:
         fake_real_cppimport(tmp_path / "site")
         path.append(str(tmp_path / "site"))
     script = tmp_path / "program.py"
-    script.write_text(PROGRAM.format(prelude=prelude, pkg=pkg))
+    script.write_text(PROGRAM.format(prelude=prelude, pkg=pkg, import_ops="" if env_registration
+                                     else "import emulated_ops"))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    env.pop("POPXL_CUSTOM_OPS", None)
+    if env_registration:
+        env["POPXL_CUSTOM_OPS"] = "emulated_ops"
     return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -82,7 +89,9 @@ def test_with_a_real_cppimport_installed(tmp_path, prelude):
 
 
 def test_without_cppimport(tmp_path):
-    proc = _run(tmp_path, "appnone", HIDE, fake_real=False)
+    """Also: the registering module comes from POPXL_CUSTOM_OPS (the program does not import
+    it)."""
+    proc = _run(tmp_path, "appnone", HIDE, fake_real=False, env_registration=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cppimport: popxl-dist stand-in" in proc.stdout
     assert "y: [[-1.0, 6.0]]" in proc.stdout

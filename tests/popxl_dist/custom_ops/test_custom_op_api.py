@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import popxl
-import popxl.ops as ops
 from cppapp_files import reference, write_app
 from harness import grads, run_ops
 from popxl.custom_ops import CustomOp, UnknownBindingError, register, sources_digest
