@@ -34,7 +34,7 @@ class AddonsRotaryPosEmbedOp:
     """`RotaryPosEmbedOp` of popxl.addons' binding: builds the built-in `RotaryPosEmbed` op."""
 
     @staticmethod
-    def createOpInGraph(graph, inputs, outputs, rotary_dim, settings=None):
+    def createOpInGraph(graph, inputs, outputs, rotaryDim, settings=None):  # noqa: N803 (C++ name)
         from .._pb_shim import op_view
         from ..ops._custom import rotary_pos_embed
         from .bindings import _index_map
@@ -47,7 +47,7 @@ class AddonsRotaryPosEmbedOp:
                              f"cos), got {len(ins)}")
         out_ids = _index_map(outputs, "RotaryPosEmbedOp.createOpInGraph: outputs")
         name = settings.get("name") if isinstance(settings, dict) else None
-        out = rotary_pos_embed(*ins, rotary_dim, settings_name=name, out_ids=out_ids,
+        out = rotary_pos_embed(*ins, rotaryDim, settings_name=name, out_ids=out_ids,
                                notify=False)
         return op_view(g, g._data.producer[out.id])
 
