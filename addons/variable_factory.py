@@ -98,11 +98,16 @@ class VariableFactory:
                                  meta_shape=self.meta_shape or None)
 
     def next_data(self, empty: bool = False) -> np.ndarray:
-        """The next host value (one independent draw per group, stacked, if several groups)."""
+        """The next host value (one independent draw per group, stacked, if several groups).
+
+        `empty=True` draws nothing and gives zeros: upstream gives `np.empty` (uninitialised
+        memory, e.g. for weights a program overwrites or a benchmark never reads back); zeros
+        keep every run, process and popdist instance deterministic at the same cost (both are
+        lazily mapped pages for large arrays)."""
         groups = self.replica_grouping.num_groups
         if empty:
             shape = self._full_shape if groups == 1 else (groups, *self._full_shape)
-            return np.empty(shape, self.dtype.as_numpy())
+            return np.zeros(shape, self.dtype.as_numpy())
 
         def one():
             return to_numpy(next(self.data_iter), self.dtype)

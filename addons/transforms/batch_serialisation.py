@@ -421,7 +421,10 @@ def batch_serialise_fwd_and_grad(forward_graph: GraphWithNamedArgs,
     buffer is loaded again from the same handle; every other one gets a buffer of
     `steps * rows` entries (`batch_serial_buffer`; a `store_buffers` value that is a
     ReplicaGrouping shards it over that group) that the forward loop stores to and the
-    gradient loop loads from. The gradient's `FwdGrad` inputs must have load handles.
+    gradient loop loads from. The seed each forward step used (`seed_input`, when the gradient
+    needs it, e.g. a `recompute_graph` gradient or a dropout mask) is such an activation too,
+    so the gradient graph takes no seed input. The gradient's `FwdGrad` inputs must have load
+    handles.
 
     The dicts may mix tensors of both graphs; each is used for the graph it belongs to.
     `gradient_graph.args` is replaced by the named forward inputs (keys of

@@ -70,6 +70,19 @@ class CollectiveStep:
         self.tag = int(op.id) % 32768
 
 
+def _reshape_sync_lines(plan: "_AliasPlan", pos: int, name_of: Callable[[str], str]
+                        ) -> List[str]:
+    """The generated lines after op `pos` that keep reshape_ copies equal to their inputs."""
+    lines = []
+    flagged = plan.reshape_flags.get(pos)
+    if flagged is not None:
+        flag, a, b = flagged
+        lines.append(f"    {flag} = not np.may_share_memory({name_of(b)}, {name_of(a)})")
+    for flag, dst, src, shape in plan.reshape_syncs.get(pos, ()):
+        lines.append(f"    if {flag}: {name_of(dst)}[...] = {name_of(src)}.reshape({shape!r})")
+    return lines
+
+
 class CompiledGraph:
     """One graph compiled: `run(ctx, *inputs) -> tuple(outputs)` plus its aliasing summary.
 
@@ -284,6 +297,7 @@ class Program:
                 stmt = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}"
             lines.append(f"    {stmt}")
             line_to_op[len(lines)] = op
+            lines.extend(_reshape_sync_lines(plan, pos, name_of))
             if is_main:
                 for t in op.outputs:
                     if t in self.state_index:
@@ -355,6 +369,11 @@ class Program:
         raise AssertionError(op.type)
 
 
+# In-place alias kernels that return a copy when NumPy cannot make the view (see
+# `_AliasPlan._plan_reshape_syncs`); the other alias kernels (transpose_, slice_) always view.
+_ALIASES_THAT_MAY_COPY = frozenset({"ReshapeInplace"})
+
+
 class _AliasPlan:
     """Decide where views must become copies, and which graph inputs the graph modifies."""
 
@@ -370,6 +389,7 @@ class _AliasPlan:
         mods: List[Tuple[int, str]] = []     # (position, tensor modified)
         last_use: Dict[str, int] = {}
         external: Set[str] = set()           # tensors whose memory the program does not own
+        may_copy: List[Tuple[int, str, str]] = []   # (position, input, output) of reshape_
         for pos, op in enumerate(ops):
             for t in op.inputs:
                 reads[t].append(pos)
@@ -390,6 +410,8 @@ class _AliasPlan:
                     parent[op.outputs[0]] = op.inputs[0]
             elif spec.alias and op.outputs:
                 parent[op.outputs[0]] = op.inputs[0]
+                if op.type in _ALIASES_THAT_MAY_COPY:
+                    may_copy.append((pos, op.inputs[0], op.outputs[0]))
             elif spec.external and op.outputs:
                 external.add(op.outputs[0])       # e.g. HostLoad returns host memory
             elif spec.view and op.outputs:
@@ -446,6 +468,8 @@ class _AliasPlan:
                     del parent[v]          # v now owns its memory
                     break
 
+        self._plan_reshape_syncs(may_copy, mods, root, descendants, all_tensors, gd)
+
         modified_roots = {root(t) for _, t in mods}
         for t in external:
             if t in modified_roots:
@@ -463,6 +487,43 @@ class _AliasPlan:
                     or r in seen_roots or r in external):
                 self.copy_returns.add(t)
             seen_roots.add(r)
+
+
+    def _plan_reshape_syncs(self, may_copy, mods, root, descendants, all_tensors, gd) -> None:
+        """`reshape_` of an array NumPy cannot view (non-contiguous) gives a copy, yet upstream's
+        output aliases its input. Where a later write to either side could be observed, the
+        program keeps the two equal: after each write it copies the written side into the other
+        (only when the kernel had to copy), through chains of reshape_ in order.
+
+        `self.reshape_flags[pos] = (flag, input, output)`: at the reshape_ op, whether it copied;
+        `self.reshape_syncs[p] = [(flag, dst, src, dst shape)]`: the copies after op `p`."""
+        self.reshape_flags: Dict[int, Tuple[str, str, str]] = {}
+        self.reshape_syncs: Dict[int, List[Tuple[str, str, str, Tuple[int, ...]]]] = {}
+        edges = []
+        for r, a, b in may_copy:
+            later = [(p, m) for p, m in mods if p > r and root(m) == root(a)]
+            if not later:
+                continue                       # nothing can observe whether it is a copy
+            flag = f"copied_{len(self.reshape_flags)}"
+            self.reshape_flags[r] = (flag, a, b)
+            b_side = descendants(b, {m for m in all_tensors if root(m) == root(a)})
+            edges.append((r, a, b, flag, b_side, later))
+        for p in sorted({p for *_, later in edges for p, _ in later}):
+            up, down = [], []
+            for r, a, b, flag, b_side, later in edges:
+                for q, m in later:
+                    if q != p:
+                        continue
+                    if m in b_side:    # written through the output: write the input back
+                        up.append((r, (flag, a, b, gd.tensors[a].shape)))
+                    else:              # written on the input's side: refresh the output
+                        down.append((r, (flag, b, a, gd.tensors[b].shape)))
+                    self.last_use[a] = max(self.last_use.get(a, p), p)
+                    self.last_use[b] = max(self.last_use.get(b, p), p)
+                    break
+            # Deepest reshape_ first on the way up, then outward from the root on the way down.
+            self.reshape_syncs[p] = ([s for _, s in sorted(up, key=lambda e: -e[0])] +
+                                     [s for _, s in sorted(down, key=lambda e: e[0])])
 
 
 def explain_error(program: Program, exc: BaseException) -> BaseException:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._scatter_add import scatter_add_rows
 from ._util import F16, F32, np_dtype
 from .registry import kernel
 
@@ -123,13 +124,14 @@ def _gather_grad(attrs, ins, outs):
     dim = shape[axis]
 
     def add_into(dx, dy, idx, ax):
-        idx = idx.astype(np.intp, copy=False)
+        """dx's rows along `ax` += dy's, in index order (the bits of a sequential loop)."""
+        idx = idx.astype(np.intp, copy=False).reshape(-1)
+        rows = np.moveaxis(dy.reshape(dx.shape[:ax] + (idx.size,) + dx.shape[ax + 1:]), ax, 0)
         ok = _in_range(idx, dim, zero_oor)
         if not ok.all():                       # out-of-range rows got no data: no gradient
-            mask = ok.reshape((1,) * ax + ok.shape + (1,) * (dx.ndim - ax - 1))
-            dy = np.where(mask, dy, 0)
-            idx = np.where(ok, idx, 0)
-        np.add.at(dx, (slice(None),) * ax + (idx,), dy.astype(calc, copy=False))
+            idx, rows = idx[ok], rows[ok]
+        idx = np.where(idx < 0, idx + dim, idx)
+        scatter_add_rows(np.moveaxis(dx, ax, 0), idx, rows.astype(calc, copy=False))
 
     def run(dy, idx):
         dx = np.zeros(shape, calc)

@@ -17,17 +17,10 @@ kernel("Reshape", view=True)(_reshape_factory)
 
 @kernel("ReshapeInplace", alias=True)
 def _reshape_inplace(attrs, ins, outs):
+    """A view of x when NumPy can make one, else a copy (x non-contiguous, e.g. a transpose):
+    the compiler then writes changes back between the two (`_AliasPlan.reshape_syncs`)."""
     shape = outs[0].shape
-
-    def run(x):
-        v = x.view()
-        try:
-            v.shape = shape  # raises instead of silently copying
-        except AttributeError:
-            raise ValueError(f"reshape_: cannot make an in-place view of shape {shape} from a "
-                             f"non-contiguous tensor of shape {x.shape}") from None
-        return v
-    return run
+    return lambda x: x.reshape(shape)
 
 
 def _transpose_factory(attrs, ins, outs):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._scatter_add import scatter_add_rows
 from ._util import F16, F32, blocks, cast, flat, np_dtype, round_f16, scalar
 from .registry import kernel
 
@@ -151,7 +152,11 @@ def _sparse_accumulate_kernel(attrs, ins, outs):
         if f != 1:
             xv *= f
         tv = t if calc == t_dt else cast(t, calc)
-        np.add.at(np.moveaxis(tv, axis, 0), idx, np.moveaxis(xv, axis, 0))
+        dim = t_shape[axis]
+        if idx.size and (idx.min() < 0 or idx.max() >= dim):
+            np.add.at(np.moveaxis(tv, axis, 0), idx, np.moveaxis(xv, axis, 0))  # wraps / raises
+        else:
+            scatter_add_rows(np.moveaxis(tv, axis, 0), idx, np.moveaxis(xv, axis, 0))
         if tv is not t:
             t[...] = cast(tv, t_dt) if t_dt == F16 else tv
         return t

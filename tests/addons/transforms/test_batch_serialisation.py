@@ -292,3 +292,96 @@ def test_errors():
         with pytest.raises(ValueError, match="is not the gradient graph"):
             addons.batch_serialise_fwd_and_grad(bwd, bwd, fwd.args, 2, {}, {}, {},
                                                 io_mode="compute")
+
+
+# --- a recomputed gradient of a seeded forward (the apps' phased layers) ----------------------
+P_DROP = 0.5
+
+
+class DropAffine(addons.Module):
+    """y = dropout(x * w + b, seed): the gradient needs the forward's seed (for the mask)."""
+
+    def build(self, x: popxl.Tensor, seed: popxl.Tensor) -> popxl.Tensor:
+        w = self.add_variable_input("w", partial(np.random.normal, 0, 1, (D,)), popxl.float32)
+        b = self.add_variable_input("b", partial(np.random.normal, 0, 1, (D,)), popxl.float32)
+        return ops.dropout(x * w + b, seed, P_DROP)
+
+
+def _seeded_fwd_and_grad(scheme: str, steps: int, io_mode: str = "compute",
+                         recompute: bool = True):
+    """`scheme`: "serialised" (batch_serialise_fwd_and_grad, of a `recompute_graph` gradient
+    with `recompute`; the gradient called without a seed, as the apps do) or "plain" (the same
+    steps, one call each, the gradient fed the forward's activations)."""
+    np.random.seed(11)
+    ir = popxl.Ir()
+    _io_tiles(ir)
+    with ir.main_graph, popxl.in_sequence(True):
+        facts, fwd = DropAffine().create_graph(popxl.TensorSpec((B, D), popxl.float32),
+                                               popxl.TensorSpec((2,), popxl.uint32))
+        x_t, seed_t = fwd.graph.inputs[:2]
+        dfacts, bwd = addons.autodiff_with_accumulation(fwd, fwd.args.tensors,
+                                                        grads_required=[x_t])
+        x_in = popxl.h2d_stream((B, D), popxl.float32, "x")
+        dy_in = popxl.h2d_stream((B, D), popxl.float32, "dy")
+        y_out = popxl.d2h_stream((B, D), popxl.float32, "y")
+        dx_out = popxl.d2h_stream((B, D), popxl.float32, "dx")
+        weights = facts.init()
+        accums = dfacts.init()
+        seed = popxl.variable(popxl.create_seeds(5), popxl.uint32, "seed")
+        (y_t,), dy_t, (dx_t,) = fwd.graph.outputs, bwd.graph.inputs[0], bwd.graph.outputs
+        if scheme == "serialised":
+            if recompute:
+                bwd = addons.recompute_graph(bwd)
+                dy_t, (dx_t,) = bwd.graph.inputs[0], bwd.graph.outputs
+            f_res, g_res = addons.batch_serialise_fwd_and_grad(
+                fwd, bwd, fwd.args, steps, {x_t: x_in, dy_t: dy_in}, {y_t: y_out, dx_t: dx_out},
+                {}, seed_input=seed_t, io_mode=io_mode)
+            # The per-step seed is kept like any other activation: stored by the forward
+            # loop, loaded by the gradient loop, which takes no seed of its own.
+            assert seed_t in f_res.stored_buffers
+            assert [t.name for t in g_res.graph.graph.inputs[:1]] == ["batch_serial_loop_index"]
+            assert all(t.dtype != popxl.uint32 for t in g_res.graph.graph.inputs)
+            f_res.graph.bind(weights).call(0, seed)
+            grad_args = accums.copy()
+            grad_args.update(weights)
+            g_res.graph.bind(grad_args).call(0)
+        else:
+            infos = []
+            for _ in range(steps):
+                step_seed, seed = ops.split_random_seed(seed)
+                info = fwd.bind(weights).call_with_info(ops.host_load(x_in), step_seed)
+                ops.host_store(y_out, info.outputs[0])
+                infos.append(info)
+            for info in infos:
+                (dx,) = bwd.bind(accums).call(ops.host_load(dy_in),
+                                              args=bwd.grad_graph_info.inputs_dict(info))
+                ops.host_store(dx_out, dx)
+    ir.num_host_transfers = steps
+    rng = np.random.default_rng(2)
+    xs, dys = (rng.normal(size=(steps, B, D)).astype(np.float32) for _ in range(2))
+    outs, data = _session_run(ir, {x_in: xs, dy_in: dys}, [y_out, dx_out],
+                              [*accums.tensors, *weights.tensors])
+    return xs, dys, outs, {t.name: v for t, v in data.items()}
+
+
+@pytest.mark.parametrize("io_mode,recompute", [("compute", True), ("io_overlapped", True),
+                                               ("compute", False)])
+def test_seeded_gradient_serialised_equals_plain_and_numpy(io_mode, recompute):
+    steps = 3
+    xs, dys, (y_bs, dx_bs), acc_bs = _seeded_fwd_and_grad("serialised", steps, io_mode,
+                                                          recompute)
+    _, _, (y_p, dx_p), acc_p = _seeded_fwd_and_grad("plain", steps)
+    assert y_bs.tobytes() == y_p.tobytes() and dx_bs.tobytes() == dx_p.tobytes()
+    for k in ("accum.w", "accum.b", "mean_accum_counter"):
+        assert acc_bs[k].tobytes() == acc_p[k].tobytes(), k
+    # NumPy: the masks (read off y: a kept element is (x*w+b)/(1-p), never exactly 0 here)
+    # differ between steps, and give the gradients.
+    w, b = acc_bs["w"], acc_bs["b"]
+    pre = xs * w + b
+    keep = y_bs != 0
+    assert not np.array_equal(keep[0], keep[1])
+    np.testing.assert_allclose(y_bs, np.where(keep, pre / (1 - P_DROP), 0), rtol=1e-6)
+    dpre = np.where(keep, dys / (1 - P_DROP), 0)
+    np.testing.assert_allclose(dx_bs, dpre * w, rtol=1e-6)
+    np.testing.assert_allclose(acc_bs["accum.w"], (dpre * xs).sum(1).mean(0), rtol=1e-5)
+    np.testing.assert_allclose(acc_bs["accum.b"], dpre.sum(1).mean(0), rtol=1e-5)

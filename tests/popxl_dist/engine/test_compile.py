@@ -123,13 +123,81 @@ def test_conditional(flag, want):
 def test_kernel_error_names_the_op():
     ir = popxl.Ir()
     with ir.main_graph:
-        x = popxl.variable(np.zeros((2, 2), np.float32), name="x")
-        y = ops.reshape_(x.transpose(), (4,))   # impossible in-place view of a transpose
+        buf = popxl.remote_buffer((2,), popxl.float32, 2)
+        i_in = popxl.h2d_stream((), popxl.int32, "i")
+        y = ops.remote_load(buf, ops.host_load(i_in))   # entry 7 of 2: fails at run time
         s = popxl.d2h_stream(y.shape, y.dtype, "y")
         ops.host_store(s, y)
     with popxl.Session(ir, "cpu") as sess:
-        with pytest.raises(EngineError, match=r"ReshapeInplace\.\d+ 'reshape_inplace' \(built at .*test_compile.py:\d+\)"):
-            sess.run()
+        with pytest.raises(EngineError, match=r"RemoteLoad\.\d+ .*\(built at .*test_compile.py:\d+\)"):
+            sess.run({i_in: np.array(7, np.int32)})
+
+
+# --- reshape_ of a tensor NumPy cannot view in place (a transpose): upstream's aliasing --------
+X0 = np.arange(6, dtype=np.float32).reshape(2, 3)
+ADD = np.arange(6, dtype=np.float32) * 10
+
+
+def test_reshape_inplace_of_a_transpose_reads_the_transposed_values():
+    """T5's `logits.transpose(...).reshape_(...)`: NumPy has no view for it."""
+    def build(ir):
+        x = popxl.variable(X0, name="x")
+        return [x.transpose().reshape_((6,)), x]
+
+    (r, x), _ = _run(build)
+    np.testing.assert_array_equal(r, X0.T.reshape(6))
+    np.testing.assert_array_equal(x, X0)
+
+
+def test_write_through_reshape_inplace_reaches_the_transpose_not_its_source():
+    """The out-of-place transpose is a tensor of its own upstream: a write through its reshape_
+    changes it (and the reshaped tensor), never `x`."""
+    def build(ir):
+        x = popxl.variable(X0, name="x")
+        t = x.transpose()
+        r = t.reshape_((6,))
+        ops.add_(r, popxl.constant(ADD))
+        return [x, t, r]
+
+    (x, t, r), _ = _run(build)
+    np.testing.assert_array_equal(x, X0)
+    np.testing.assert_array_equal(t, X0.T + ADD.reshape(3, 2))
+    np.testing.assert_array_equal(r, X0.T.reshape(6) + ADD)
+
+
+def test_write_through_reshape_inplace_of_an_inplace_transpose_reaches_the_source():
+    """transpose_ aliases x, reshape_ aliases that: a write through the end of the chain (and
+    through a further reshape_ of it) reaches x; a later write to x reaches the chain."""
+    def build(ir):
+        x = popxl.variable(X0, name="x")
+        r = x.transpose_().reshape_((6,))
+        ops.add_(r.reshape_((3, 2)), popxl.constant(ADD.reshape(3, 2)))
+        mid = r * 1.0
+        ops.add_(x, popxl.constant(np.float32(100)))
+        return [x, mid, r]
+
+    (x, mid, r), _ = _run(build)
+    want_x = X0 + ADD.reshape(3, 2).T
+    np.testing.assert_array_equal(mid, want_x.T.reshape(6))
+    np.testing.assert_array_equal(x, want_x + 100)
+    np.testing.assert_array_equal(r, (want_x + 100).T.reshape(6))
+
+
+def test_reshape_inplace_of_a_non_contiguous_by_ref_input_writes_back_to_the_caller():
+    """The caller passes a transposed view of `y` by reference; the callee writes through a
+    reshape_ of it: the caller's transpose changes, `y` does not (its own tensor upstream)."""
+    def build(ir):
+        y = popxl.variable(X0, name="y") + 0.0
+        t = y.transpose()
+        g = ir.create_empty_graph("write")
+        with g:
+            a = popxl.graph_input((3, 2), popxl.float32, "a", by_ref=True)
+            ops.add_(a.reshape_((6,)), popxl.constant(ADD))
+        ops.call(g, t)
+        return [t]
+
+    (t,), _ = _run(build)
+    np.testing.assert_array_equal(t, X0.T + ADD.reshape(3, 2))
 
 
 def test_compiled_code_has_no_name_lookups():

@@ -230,6 +230,40 @@ def test_gather_grad_accumulates_repeated_indices():
     np.testing.assert_array_equal(dx, [[1, 1], [0, 0], [3, 3]])
 
 
+def _gather_grad_ref(dy, idx, dim, axis, dtype):
+    """dx of gather(t, idx, axis): dy's slices added one at a time in index order (NumPy's
+    negative indices; out-of-range ones give no gradient)."""
+    shape = dy.shape[:axis] + (dim,) + dy.shape[axis + idx.ndim:]
+    dx = np.zeros(shape, dtype)
+    for pos in np.ndindex(idx.shape):
+        i = int(idx[pos])
+        if -dim <= i < dim:
+            src = (slice(None),) * axis + pos
+            dst = (slice(None),) * axis + (i % dim,)
+            dx[dst] = dx[dst] + dy[src].astype(dtype)
+    return dx
+
+
+@pytest.mark.parametrize("axis,idx_shape,dim,oor", [
+    (0, (600,), 5, False),          # an embedding table with many repeated rows
+    (1, (24, 25), 7, False),        # 2-D indices (T5's relative-position buckets) on axis 1
+    (0, (300,), 4, True),           # negative and out-of-range indices
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gather_grad_is_a_sequential_sum_in_index_order(axis, idx_shape, dim, oor, dtype):
+    rng = np.random.default_rng(dim)
+    idx = np.minimum(rng.geometric(0.35, idx_shape) - 1, dim - 1).astype(I32)
+    if oor:
+        idx[::7] = -1
+        idx[::11] = dim + 3
+    x = rng.normal(size=(3,) * axis + (dim, 2)).astype(dtype)
+    dy_shape = (3,) * axis + idx_shape + (2,)
+    dy = (rng.normal(size=dy_shape) * 10.0 ** rng.integers(-3, 3, dy_shape)).astype(dtype)
+    _, (dx,) = grads(lambda t, i: ops.gather(t, i, axis), [x, idx], [dy])
+    want = _gather_grad_ref(dy, idx, dim, axis, np.float32).astype(dtype)
+    assert dx.dtype == dtype and dx.tobytes() == want.tobytes()
+
+
 def test_float16_gather_and_slice():
     x = RNG.normal(size=(4, 3)).astype(np.float16)
     g, s = run_ops(lambda t, i: (ops.gather(t, i), ops.slice(t, 1, 3)), x,

@@ -100,6 +100,19 @@ def test_sparse_accumulate_matches_numpy(axis, f):
     np.testing.assert_allclose(out, want, rtol=1e-6)
 
 
+def test_sparse_accumulate_adds_repeated_rows_in_index_order():
+    """Bit for bit a sequential loop, with rows repeated hundreds of times."""
+    rng = np.random.default_rng(5)
+    t = rng.normal(size=(6, 3)).astype(F32)
+    idx = np.minimum(rng.geometric(0.3, 900) - 1, 5).astype(np.int32)
+    X = (rng.normal(size=(900, 3)) * 10.0 ** rng.integers(-4, 4, (900, 3))).astype(F32)
+    out, = run_ops(lambda a, b, i: vu.sparse_accumulate_(a, b, i, axis=0), t, X, idx)
+    want = t.copy()
+    for j, k in enumerate(idx):
+        want[k] = want[k] + X[j]
+    assert out.tobytes() == want.tobytes()
+
+
 def test_copy_var_update_persists_on_a_variable():
     ir = popxl.Ir()
     with ir.main_graph:
