@@ -193,9 +193,16 @@ def _is_cppimport_hook(finder: Any) -> bool:
     return type(finder).__module__ == "cppimport.import_hook"
 
 
+def _is_ours(finder: Any) -> bool:
+    """A finder of this module (also from another copy of it, if popxl is imported twice)."""
+    return getattr(finder, "_popxl_cppimport_finder", False) is True
+
+
 class CppimportFinder(importlib.abc.MetaPathFinder):
     """The emulator's meta path finder for cppimport and its bindings (one, first on
     sys.meta_path)."""
+
+    _popxl_cppimport_finder = True
 
     def find_spec(self, fullname: str, path=None, target=None):
         if fullname == "cppimport" or fullname.startswith("cppimport."):
@@ -212,7 +219,7 @@ class CppimportFinder(importlib.abc.MetaPathFinder):
         """The spec the rest of sys.meta_path finds (cppimport's own hook aside); None also
         when a finder says the module is not available (raises ImportError)."""
         for finder in list(sys.meta_path):
-            if finder is self or _is_cppimport_hook(finder):
+            if _is_ours(finder) or _is_cppimport_hook(finder):
                 continue
             find = getattr(finder, "find_spec", None)
             try:
@@ -250,12 +257,12 @@ _FINDER: Optional[CppimportFinder] = None
 
 
 def _move_to_front(finder: CppimportFinder) -> None:
-    if sys.meta_path and sys.meta_path[0] is finder:
+    """`finder` first on sys.meta_path, and no other finder of ours (from another copy of this
+    module) anywhere on it."""
+    if sys.meta_path and sys.meta_path[0] is finder and \
+            not any(_is_ours(f) for f in sys.meta_path[1:]):
         return
-    try:
-        sys.meta_path.remove(finder)
-    except ValueError:
-        pass
+    sys.meta_path[:] = [f for f in sys.meta_path if not _is_ours(f)]
     sys.meta_path.insert(0, finder)
 
 

@@ -95,3 +95,32 @@ def test_without_cppimport(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cppimport: popxl-dist stand-in" in proc.stdout
     assert "y: [[-1.0, 6.0]]" in proc.stdout
+
+
+def test_a_second_copy_of_popxl_keeps_one_finder(tmp_path):
+    """Importing popxl's source folder under a second name (a second copy of the package) must
+    leave one working finder, not two that consult each other."""
+    import popxl
+
+    src = Path(popxl.__file__).parent
+    program = tmp_path / "twice.py"
+    program.write_text(textwrap.dedent(f"""\
+        import importlib.util, sys
+        import popxl
+        spec = importlib.util.spec_from_file_location(
+            "popxl_copy", {str(src / "__init__.py")!r},
+            submodule_search_locations=[{str(src)!r}])
+        copy = importlib.util.module_from_spec(spec)
+        sys.modules["popxl_copy"] = copy
+        spec.loader.exec_module(copy)
+        ours = [f for f in sys.meta_path if getattr(f, "_popxl_cppimport_finder", False)]
+        assert len(ours) == 1 and sys.meta_path[0] is ours[0], sys.meta_path
+        import cppimport.import_hook
+        print("ok")
+        """))
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
