@@ -17,6 +17,7 @@ Only the standard library is imported here: this runs while `popxl` itself is im
 """
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -64,18 +65,27 @@ def _find_on_sys_path(fullname: str, opt_in: bool) -> Optional[str]:
     return None
 
 
+def _bindings():
+    """The registrations' module of `popxl`, the package programs import (also when this code
+    runs from a second copy of the package imported under another name)."""
+    try:
+        return importlib.import_module("popxl.custom_ops.bindings")
+    except ImportError:
+        from . import bindings
+        return bindings
+
+
 # --- cppimport's API, served by the emulator -------------------------------------------------
 def imp_from_filepath(filepath: str, fullname: Optional[str] = None):
     """The binding module of the C++ file `filepath` (cppimport's `imp_from_filepath`): the
     emulator's registered implementation, nothing compiled."""
-    from .bindings import BindingModule, binding_module
-
+    b = _bindings()
     filepath = os.path.abspath(filepath)
     fullname = fullname or os.path.splitext(os.path.basename(filepath))[0]
     existing = sys.modules.get(fullname)
-    if isinstance(existing, BindingModule) and existing.__file__ == filepath:
+    if isinstance(existing, b.BindingModule) and existing.__file__ == filepath:
         return existing
-    module = binding_module(fullname, filepath)
+    module = b.binding_module(fullname, filepath)
     sys.modules[fullname] = module
     return module
 
@@ -178,12 +188,11 @@ class _BindingLoader(importlib.abc.Loader):
         self.path = path
 
     def create_module(self, spec):
-        from .bindings import BindingModule, binding_module
-
+        b = _bindings()
         existing = sys.modules.get(spec.name)
-        if isinstance(existing, BindingModule) and existing.__file__ == self.path:
+        if isinstance(existing, b.BindingModule) and existing.__file__ == self.path:
             return existing
-        return binding_module(spec.name, self.path)
+        return b.binding_module(spec.name, self.path)
 
     def exec_module(self, module) -> None:
         pass
@@ -267,10 +276,14 @@ def _move_to_front(finder: CppimportFinder) -> None:
 
 
 def install() -> CppimportFinder:
-    """Put the finder first on sys.meta_path (once) and patch an already imported cppimport."""
+    """Put the finder first on sys.meta_path (once) and patch an already imported cppimport.
+
+    If popxl is imported twice (its folder under a second name), one finder stays, and whichever
+    it is serves the registrations of `popxl`, the package programs use."""
     global _FINDER
     if _FINDER is None:
-        _FINDER = CppimportFinder()
+        existing = [f for f in sys.meta_path if _is_ours(f)]
+        _FINDER = existing[0] if existing else CppimportFinder()
     _move_to_front(_FINDER)
     real = sys.modules.get("cppimport")
     if real is not None:
