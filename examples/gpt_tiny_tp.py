@@ -118,12 +118,14 @@ class AttentionTP(addons.Module):
         x = f_op(x, self.par)
 
         def split_heads(t: popxl.Tensor) -> popxl.Tensor:
-            return t.reshape((batch, cfg.seq, heads, cfg.head_size)).transpose((0, 2, 1, 3))
+            return t.reshape((batch, cfg.seq, heads, cfg.head_size))
 
+        # rotary_pos_embed takes (batch, seq, heads, head_size); attention wants the heads first
         q, k, v = split_heads(self.q(x)), split_heads(self.k(x)), split_heads(self.v(x))
         sin, cos = trig_table_constants(cfg.seq, cfg.rotary_dim)
-        q = rotary_pos_embed(q, sin, cos, cfg.rotary_dim)
-        k = rotary_pos_embed(k, sin, cos, cfg.rotary_dim)
+        q = rotary_pos_embed(q, sin, cos, cfg.rotary_dim).transpose((0, 2, 1, 3))
+        k = rotary_pos_embed(k, sin, cos, cfg.rotary_dim).transpose((0, 2, 1, 3))
+        v = v.transpose((0, 2, 1, 3))
         causal = np.triu(np.full((cfg.seq, cfg.seq), -1e4, np.float32), k=1)
         scores = (q @ k.transpose((0, 1, 3, 2))) * (1.0 / math.sqrt(cfg.head_size))
         probs = ops.softmax(scores + popxl.constant(causal, name="causal_mask"), axis=-1)

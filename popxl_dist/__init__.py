@@ -19,6 +19,10 @@ from .streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_str
 from .tensor import (Constant, Tensor, TensorByRef, TensorSpec, Variable, constant, graph_input,
                      graph_output, variable)
 from . import transforms  # noqa: E402  (imports ops lazily)
+from . import custom_ops  # noqa: E402
+from .custom_ops.cppimport_hook import install as _install_cppimport_hook
+
+_install_cppimport_hook()   # C++ custom op bindings resolve to the emulator's implementations
 
 __version__ = "0.1.0"
 

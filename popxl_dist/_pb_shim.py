@@ -210,6 +210,9 @@ class PbOp:
 
     @property
     def opid(self) -> OperatorIdentifier:
+        custom = self._op.attrs.get("__custom_op__")     # popxl.custom_ops: its own domain
+        if custom is not None:
+            return OperatorIdentifier(custom.domain, custom.op_type, custom.version)
         return operator_identifier(self._op.type)
 
     @property

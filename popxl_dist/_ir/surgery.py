@@ -122,10 +122,10 @@ def modified_inputs(graphs: Dict[str, GraphData], op: Op) -> Tuple[int, ...]:
     if op.type == "If":
         return ()
     from ..engine.kernels import load_all
-    from ..engine.kernels.registry import KERNELS
+    from ..engine.kernels.registry import spec_of
 
     load_all()
-    spec = KERNELS.get(op.type)
+    spec = spec_of(op)
     if spec is None or not spec.modifies:
         return ()
     return spec.modified_inputs(op)

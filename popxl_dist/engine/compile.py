@@ -19,7 +19,7 @@ import numpy as np
 from .._ir.records import GraphData, IrData, Op, TensorKind
 from ..errors import EngineError
 from .kernels import load_all
-from .kernels.registry import CONTROL_FLOW_TYPES, KERNELS, KernelSpec
+from .kernels.registry import CONTROL_FLOW_TYPES, KernelSpec, spec_of
 
 __all__ = ["Program", "CompiledGraph", "CompileEnv", "CollectiveStep", "stream_slots"]
 
@@ -173,7 +173,7 @@ class Program:
     def _spec(self, op: Op) -> Optional[KernelSpec]:
         if op.type in CONTROL_FLOW_TYPES:
             return None
-        spec = KERNELS.get(op.type)
+        spec = spec_of(op)
         if spec is None:
             raise NotImplementedError(
                 f"No kernel is registered for op type '{op.type}' ({op.describe()})")

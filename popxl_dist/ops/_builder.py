@@ -5,6 +5,7 @@ the output Tensors.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -23,8 +24,25 @@ __all__ = ["Out", "add_op", "check_tensor", "check_in_graph", "check_same_dtype"
            "broadcast_shape", "normalize_axes", "as_tensor_like", "debug_location",
            "check_float_tensors", "check_no_float8", "FLOAT8_INPUT_OP_TYPES"]
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_LIB_DIRS = (os.path.join(_ROOT, "popxl_dist") + os.sep, os.path.join(_ROOT, "addons") + os.sep)
+_POPXL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_lib_dirs: Tuple[str, ...] = ()
+
+
+def _library_dirs() -> Tuple[str, ...]:
+    """The folders of popxl and popxl_addons as imported (their names differ between the source
+    tree, an installed wheel and a folder of symlinks)."""
+    global _lib_dirs
+    if not _lib_dirs:
+        dirs = [_POPXL_DIR]
+        addons = sys.modules.get("popxl_addons")
+        path = getattr(addons, "__file__", None)
+        if path is None:
+            spec = importlib.util.find_spec("popxl_addons")
+            path = spec.origin if spec is not None else None
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+        _lib_dirs = tuple(dirs)
+    return _lib_dirs
 
 
 class Out(NamedTuple):
@@ -39,9 +57,10 @@ class Out(NamedTuple):
 def debug_location() -> str:
     """`file:line` of the first stack frame outside popxl-dist (where the user built the op)."""
     f = sys._getframe(1)
+    lib_dirs = _library_dirs()
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith(_LIB_DIRS) and "contextlib" not in fn:
+        if not fn.startswith(lib_dirs) and "contextlib" not in fn:
             return f"{fn}:{f.f_lineno}"
         f = f.f_back
     return ""
@@ -152,8 +171,13 @@ def check_no_float8(op_type: str, settings_name: str, inputs: Sequence[Tensor]) 
 
 def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: Sequence[Out],
            attrs: Optional[Dict[str, Any]] = None, called: Sequence[str] = (),
-           graph: Optional[Graph] = None) -> List[Tensor]:
-    """Append one op of `op_type` to the current graph and return its new output tensors."""
+           graph: Optional[Graph] = None, out_ids: Optional[Sequence[str]] = None,
+           notify: bool = True) -> List[Tensor]:
+    """Append one op of `op_type` to the current graph and return its new output tensors.
+
+    `out_ids` gives the outputs' exact tensor ids (made with `Graph._create_tensor_id`, as
+    upstream's `createOpInGraph` callers do) instead of ids made from the `Out` names; with
+    `notify=False` the op-created hooks are left to the caller (who calls `ctx._op_created`)."""
     g = graph if graph is not None else gcg()
     g.ir._check_not_frozen(f"{op_type} '{settings_name}'")
     for t in inputs:
@@ -162,9 +186,19 @@ def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: 
     ctx = get_current_context()
     ir_data = g.ir._data
     gd = g._data
+    wanted = list(out_ids) if out_ids is not None else None
+    if wanted is not None:
+        if len(wanted) != len(outputs):
+            raise ValueError(f"{settings_name}: {len(wanted)} output ids given for "
+                             f"{len(outputs)} outputs")
+        for tid in wanted:
+            if not isinstance(tid, str) or not tid or tid in gd.tensors or wanted.count(tid) > 1:
+                raise ValueError(f"{settings_name}: output tensor id {tid!r} is not a new id "
+                                 f"of graph '{g.id}' (make one with graph._create_tensor_id)")
     out_ids = []
-    for o in outputs:
-        tid = ir_data.unique_tensor_id(gd, g._scoped_tensor_id(o.name))
+    for i, o in enumerate(outputs):
+        tid = (wanted[i] if wanted is not None
+               else ir_data.unique_tensor_id(gd, g._scoped_tensor_id(o.name)))
         gd.tensors[tid] = TensorInfo(tid, o.shape, o.dtype, TensorKind.INTERMEDIATE,
                                      tuple(o.meta_shape or ()))
         out_ids.append(tid)
@@ -172,7 +206,8 @@ def add_op(op_type: str, settings_name: str, inputs: Sequence[Tensor], outputs: 
             tuple(t.id for t in inputs), tuple(out_ids), attrs or {}, tuple(called),
             ctx.ipu_id, ctx.tile_set, ctx.execution_context, debug_location())
     gd.add_op(op)
-    ctx._op_created(op_view(g, op))
+    if notify:
+        ctx._op_created(op_view(g, op))
     return [g._tensor(t) for t in out_ids]
 
 

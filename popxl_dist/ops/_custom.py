@@ -5,7 +5,7 @@ are in `engine/kernels/custom.py`, grad rules in `transforms/grads/custom.py`.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -13,37 +13,66 @@ from .. import dtypes
 from ..tensor import Tensor, constant
 from ._builder import Out, add_op, check_float_tensors, check_tensor
 
-__all__ = ["rotary_pos_embed", "group_quantize_decompress", "linear_layout",
-           "dense_const_sparse_matmul"]
+__all__ = ["rotary_pos_embed", "check_rotary_args", "group_quantize_decompress",
+           "linear_layout", "dense_const_sparse_matmul"]
 
 _FLOATS = (dtypes.float32, dtypes.float16)
 
 
-def rotary_pos_embed(t: Tensor, sin: Tensor, cos: Tensor, rotary_dim: Optional[int] = None,
-                     op_type: str = "RotaryPosEmbed") -> Tensor:
-    """Rotate the first `rotary_dim` features of `t` (`(..., seq, head_dim)`) by position
-    (op `RotaryPosEmbed`; `RotaryPosEmbedGrad` rotates backwards)."""
+def check_rotary_args(opname: str, t, sin, cos, rotary_dim) -> int:
+    """Check RoPE's arguments (Tensors or TensorSpecs: `.shape`, `.dtype`); the rotary_dim.
+
+    `t` is `(batch, seq, heads, head_dim)`; `sin` / `cos` are `(1 or batch, seq, rotary_dim //
+    2)`, or any table that broadcasts to `(batch, seq, rotary_dim // 2)` without growing it, of
+    `t`'s dtype; `rotary_dim` is even and at most `head_dim`."""
+    def name(x) -> str:
+        return f"'{x.id}' {x.shape}" if isinstance(x, Tensor) else f"{tuple(x.shape)}"
+
+    for argname, x in (("t", t), ("sin", sin), ("cos", cos)):
+        if x.dtype not in _FLOATS:
+            raise TypeError(f"{opname}: {argname} {name(x)} must be float32 or float16, got "
+                            f"{x.dtype.name}")
+    if len(t.shape) != 4:
+        raise ValueError(f"{opname}: {name(t)} must have rank 4 (batch, seq, heads, head_dim)")
+    if len(sin.shape) != 3 or len(cos.shape) != 3:
+        raise ValueError(f"{opname}: sin and cos must have rank 3 (1 or batch, seq, "
+                         f"rotary_dim // 2), got {name(sin)} and {name(cos)}")
+    if sin.dtype != t.dtype or cos.dtype != t.dtype:
+        raise TypeError(f"{opname}: sin and cos must have the dtype of {name(t)} "
+                        f"({t.dtype.name}), got {sin.dtype.name} and {cos.dtype.name}")
+    batch, seq, _, head = t.shape
+    if (not isinstance(rotary_dim, (int, np.integer)) or isinstance(rotary_dim, bool)
+            or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head):
+        raise ValueError(f"{opname}: rotary_dim must be an even int in [2, {head}] (head_dim "
+                         f"of {name(t)}), got {rotary_dim!r}")
+    rotary_dim = int(rotary_dim)
+    want = (batch, seq, rotary_dim // 2)
+    for table in (sin, cos):
+        try:
+            fits = np.broadcast_shapes(tuple(table.shape), want) == want
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{opname}: {name(table)} does not broadcast to (batch, seq, "
+                             f"rotary_dim // 2) = {want} for {name(t)} and rotary_dim "
+                             f"{rotary_dim}")
+    return rotary_dim
+
+
+def rotary_pos_embed(t: Tensor, sin: Tensor, cos: Tensor, rotary_dim: int,
+                     op_type: str = "RotaryPosEmbed", *, settings_name: Optional[str] = None,
+                     out_ids: Optional[Sequence[str]] = None, notify: bool = True) -> Tensor:
+    """Rotate the first `rotary_dim` features of `t` `(batch, seq, heads, head_dim)` by position,
+    as interleaved (even, odd) pairs (op `RotaryPosEmbed`; `RotaryPosEmbedGrad` rotates back).
+    See `check_rotary_args` for the shapes; `settings_name`, `out_ids` and `notify` are
+    `add_op`'s (for `createOpInGraph`)."""
     opname = "rotary_pos_embed"
     check_float_tensors(opname, _FLOATS, t=t, sin=sin, cos=cos)
-    if t.rank < 2:
-        raise ValueError(f"{opname}: '{t.id}' must be (..., seq, head_dim), got {t.shape}")
-    seq, head = t.shape[-2], t.shape[-1]
-    if sin.shape != cos.shape or sin.rank != 2:
-        raise ValueError(f"{opname}: sin and cos must both be (seq, rotary_dim // 2), got "
-                         f"'{sin.id}' {sin.shape} and '{cos.id}' {cos.shape}")
-    if rotary_dim is None:
-        rotary_dim = 2 * sin.shape[1]
-    if (not isinstance(rotary_dim, int) or rotary_dim <= 0 or rotary_dim % 2
-            or rotary_dim > head):
-        raise ValueError(f"{opname}: rotary_dim must be an even int in [2, {head}] (head_dim "
-                         f"of '{t.id}' {t.shape}), got {rotary_dim!r}")
-    if sin.shape != (seq, rotary_dim // 2):
-        raise ValueError(f"{opname}: sin and cos must be (seq, rotary_dim // 2) = "
-                         f"{(seq, rotary_dim // 2)} for '{t.id}' {t.shape}, got {sin.shape}")
-    name = "rotary_pos_embed" if op_type == "RotaryPosEmbed" else "rotary_pos_embed_grad"
-    return add_op(op_type, name, [t, sin, cos],
-                  [Out(f"{name}_out", t.shape, t.dtype, t.meta_shape)],
-                  {"rotary_dim": rotary_dim})[0]
+    rotary_dim = check_rotary_args(opname, t, sin, cos, rotary_dim)
+    out = "t_rotated" if op_type == "RotaryPosEmbed" else "dt_rotated"
+    return add_op(op_type, settings_name or f"{op_type}Op", [t, sin, cos],
+                  [Out(out, t.shape, t.dtype, t.meta_shape)], {"rotary_dim": rotary_dim},
+                  out_ids=out_ids, notify=notify)[0]
 
 
 def group_quantize_decompress(t: Tensor, group_scale: Tensor, group_bias: Tensor,

@@ -18,7 +18,7 @@ from .._ir.records import GraphData, Op, TensorInfo, TensorKind
 from .._pb_shim import op_view
 from ..errors import popart_exception
 from ..engine.kernels import load_all as load_kernels
-from ..engine.kernels.registry import KERNELS
+from ..engine.kernels.registry import CUSTOM_OP_ATTR, spec_of
 from ..graph import Graph
 from ..tensor import Tensor, graph_input, graph_output
 from .grad_registry import GRAD_RULES, NO_GRAD, THROWS, load_all
@@ -137,7 +137,7 @@ def _as_graph(g) -> Graph:
 
 
 def _modifying(op: Op) -> bool:
-    spec = KERNELS.get(op.type)
+    spec = spec_of(op)
     if spec is not None and spec.modifies and spec.modified_inputs(op):
         return True
     if op.type in ("Call", "Loop") and op.attrs.get("modified"):
@@ -293,12 +293,16 @@ class _GradBuilder:
                     continue
                 if not any(t in needed for t in op.inputs):
                     continue
-                if op.type in NO_GRAD:
+                custom = op.attrs.get(CUSTOM_OP_ATTR)
+                if custom is not None:
+                    rule = custom.grad_rule(op)
+                elif op.type in NO_GRAD:
                     continue
-                if op.type in THROWS:
+                elif op.type in THROWS:
                     raise popart_exception(f"autodiff: op {op.describe()} has no gradient and cannot "
                                            f"be differentiated through")
-                rule = GRAD_RULES.get(op.type)
+                else:
+                    rule = GRAD_RULES.get(op.type)
                 if rule is None:
                     what = ("a gradient op whose own gradient (second order) is not "
                             "implemented" if op.type.endswith("Grad") else "no grad rule")

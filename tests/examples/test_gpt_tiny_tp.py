@@ -45,13 +45,13 @@ def _gelu(x):
 
 
 def _rope(t, rotary_dim):
-    """Rotate-half RoPE on (batch, heads, seq, head): pairs (i, i + r/2) by p / 10000^(2i/r)."""
+    """RoPE on (batch, heads, seq, head): features (2i, 2i + 1) are the real and imaginary
+    parts of a complex number turned by the angle p / 10000^(2i/r) of position p."""
     seq, half = t.shape[2], rotary_dim // 2
     ang = np.arange(seq)[:, None] / 10000 ** (2 * np.arange(half)[None, :] / rotary_dim)
-    x1, x2 = t[..., :half], t[..., half:rotary_dim]
+    z = (t[..., 0:rotary_dim:2] + 1j * t[..., 1:rotary_dim:2]) * np.exp(1j * ang)
     out = t.copy()
-    out[..., :half] = x1 * np.cos(ang) - x2 * np.sin(ang)
-    out[..., half:rotary_dim] = x2 * np.cos(ang) + x1 * np.sin(ang)
+    out[..., 0:rotary_dim:2], out[..., 1:rotary_dim:2] = z.real, z.imag
     return out
 
 

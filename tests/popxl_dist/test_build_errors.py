@@ -109,3 +109,40 @@ def test_create_graph_keyword_after_a_defaulted_parameter():
                             gelu=True)
     assert seen == {"out_features": 3, "bias": True, "gelu": True}
     assert [op.type for op in g._data.ops] == ["Gelu"]
+
+
+def test_build_location_names_the_user_line_whatever_the_package_folders_are_called(tmp_path):
+    """An op records where the program built it, also when popxl and popxl_addons are imported
+    from folders named differently from the source tree (an installed wheel's `popxl/`, or
+    symlinks as a test harness makes), and not from inside popxl_addons."""
+    import os
+    import subprocess
+    import sys
+
+    import popxl_addons
+
+    links = tmp_path / "links"
+    links.mkdir()
+    os.symlink(os.path.dirname(popxl.__file__), links / "popxl")
+    os.symlink(os.path.dirname(popxl_addons.__file__), links / "popxl_addons")
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import popxl\n"
+        "from popxl_addons.layers import Linear\n"
+        "ir = popxl.Ir()\n"
+        "with ir.main_graph:\n"
+        "    x = popxl.variable(np.ones(3, np.float32))\n"
+        "    y = x + 1\n"
+        "    facts, g = Linear(2).create_graph(popxl.TensorSpec((1, 3), popxl.float32))\n"
+        "assert popxl.__file__.startswith(%r), popxl.__file__\n"
+        "print([op.debug for op in ir.main_graph._data.ops][-1])\n"
+        "print(sorted({op.debug.rsplit(':', 1)[0] for op in g.graph._data.ops}))\n"
+        % str(links))
+    env = dict(os.environ, PYTHONPATH=str(links))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, second = proc.stdout.splitlines()
+    assert first == f"{script}:7"
+    assert second == f"[{str(script)!r}]"

@@ -15,31 +15,37 @@ __all__: list = []   # registrations only
 
 def _rotary(attrs, outs, sign: float) -> Callable:
     r = int(attrs["rotary_dim"])
-    h = r // 2
     dt = np_dtype(outs[0])
 
     def run(t, sin, cos):
         out = t.astype(F32)                         # a fresh array
-        x1 = out[..., :h].copy()
-        x2 = out[..., h:r].copy()
-        s = sin.astype(F32) * F32.type(sign)
-        c = cos.astype(F32)
-        out[..., :h] = x1 * c - x2 * s
-        out[..., h:r] = x2 * c + x1 * s
+        re = out[..., 0:r:2].copy()
+        im = out[..., 1:r:2].copy()
+        s = sin.astype(F32)[:, :, None, :]           # (1 or batch, seq, 1, rotary_dim // 2)
+        c = cos.astype(F32)[:, :, None, :]
+        if sign > 0:
+            out[..., 0:r:2] = re * c - im * s
+            out[..., 1:r:2] = im * c + re * s
+        else:
+            out[..., 0:r:2] = re * c + im * s
+            out[..., 1:r:2] = im * c - re * s
         return out.astype(dt, copy=False)
     return run
 
 
 @kernel("RotaryPosEmbed")
 def _rotary_kernel(attrs, ins, outs) -> Callable:
-    """Rotate-half RoPE: with x1, x2 the two halves of the first `rotary_dim` features,
-    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); the other features pass through."""
+    """RoPE on `(batch, seq, heads, head_dim)`: feature pairs (2i, 2i + 1) of the first
+    `rotary_dim` are the (real, imaginary) parts of a complex number turned by the angle of the
+    position, (re, im) -> (re cos - im sin, im cos + re sin); the other features pass through.
+    `sin` / `cos` `(1 or batch, seq, rotary_dim // 2)` broadcast over the heads."""
     return _rotary(attrs, outs, 1.0)
 
 
 @kernel("RotaryPosEmbedGrad")
 def _rotary_grad_kernel(attrs, ins, outs) -> Callable:
-    """The inverse rotation (the transpose of an orthogonal map)."""
+    """The inverse rotation (the transpose of an orthogonal map): (re cos + im sin, im cos - re
+    sin)."""
     return _rotary(attrs, outs, -1.0)
 
 

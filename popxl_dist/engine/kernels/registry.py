@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, Tuple, Union
 
-__all__ = ["KernelSpec", "KERNELS", "kernel", "CONTROL_FLOW_TYPES"]
+__all__ = ["KernelSpec", "KERNELS", "kernel", "CONTROL_FLOW_TYPES", "CUSTOM_OP_ATTR", "spec_of"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,20 @@ KERNELS: Dict[str, KernelSpec] = {}
 
 # Op types the compiler executes itself (they call other graphs).
 CONTROL_FLOW_TYPES = frozenset({"Call", "Loop", "If"})
+
+# The attribute that marks an op made by a registered custom op (`popxl.custom_ops`): its value
+# (a `CustomOpRef`) finds the op's kernel and grad rule, whatever the op's type string says
+# (two custom ops, or a custom op and a built-in one, may share a type name, as upstream ops of
+# different domains do).
+CUSTOM_OP_ATTR = "__custom_op__"
+
+
+def spec_of(op) -> "KernelSpec | None":
+    """The kernel of an IR op: its custom op's, else the one registered for its type."""
+    custom = op.attrs.get(CUSTOM_OP_ATTR)
+    if custom is not None:
+        return custom.kernel_spec()
+    return KERNELS.get(op.type)
 
 
 def kernel(op_type: str, *, modifies: Union[Tuple[int, ...], Callable] = (), view: bool = False,

@@ -27,17 +27,20 @@ from popxl_addons.ops.static_sparse_ops import (
 
 
 # --- rotary positional embedding ----------------------------------------------------------------
-def _rope_ref(x, rotary_dim, base=10000, sign=1.0):
-    """Position p, pair i: (x[i], x[i + r/2]) rotated by sign * p * base**(-2i/r), element by
-    element (sign -1: the inverse rotation, which is the transpose of the rotation)."""
-    out = x.astype(np.float64).copy()
-    seq, half = x.shape[-2], rotary_dim // 2
-    for p in range(seq):
-        for i in range(half):
-            a = sign * p / base ** (2 * i / rotary_dim)
-            x1, x2 = x[..., p, i].astype(np.float64), x[..., p, i + half].astype(np.float64)
-            out[..., p, i] = x1 * np.cos(a) - x2 * np.sin(a)
-            out[..., p, i + half] = x2 * np.cos(a) + x1 * np.sin(a)
+def _rope_ref(x, sin, cos, rotary_dim, inverse=False):
+    """x (batch, seq, heads, head_dim); sin/cos broadcastable to (batch, seq, rotary_dim // 2).
+    Element by element in float64: pair i of position (b, p) is (x[2i], x[2i + 1]), turned by the
+    angle whose sine and cosine are the tables' (b, p, i); `inverse` turns it back."""
+    x64 = x.astype(np.float64)
+    out = x64.copy()
+    batch, seq, heads, _ = x.shape
+    s = np.broadcast_to(np.asarray(sin, np.float64), (batch, seq, rotary_dim // 2))
+    c = np.broadcast_to(np.asarray(cos, np.float64), (batch, seq, rotary_dim // 2))
+    for b, p, h, i in np.ndindex(batch, seq, heads, rotary_dim // 2):
+        re, im = x64[b, p, h, 2 * i], x64[b, p, h, 2 * i + 1]
+        sn = -s[b, p, i] if inverse else s[b, p, i]
+        out[b, p, h, 2 * i] = re * c[b, p, i] - im * sn
+        out[b, p, h, 2 * i + 1] = im * c[b, p, i] + re * sn
     return out
 
 
@@ -46,47 +49,100 @@ def test_trig_tables():
     assert sin.shape == cos.shape == (5, 3) and sin.dtype == np.float32
     np.testing.assert_allclose(sin[4, 1], np.sin(4 / 100 ** (2 / 6)), rtol=1e-6)
     np.testing.assert_allclose(cos[3, 2], np.cos(3 / 100 ** (4 / 6)), rtol=1e-6)
-    assert trig_tables(2, 4, np_dtype="float16")[0].dtype == np.float16
-    with pytest.raises(ValueError, match="positive even"):
-        trig_tables(4, 3)
+    # the arithmetic is done in the tables' dtype, as upstream
+    sin16, cos16 = trig_tables(6, 4, np_dtype="float16")
+    assert sin16.dtype == cos16.dtype == np.float16
+    angle16 = np.outer(np.arange(6).astype(np.float16),
+                       np.float16(10000) ** (-np.arange(0, 4, 2).astype(np.float16) / 4))
+    assert angle16.dtype == np.float16
+    np.testing.assert_array_equal(sin16, np.sin(angle16))
 
 
-@pytest.mark.parametrize("rotary_dim", [8, 4])
-def test_rotary_pos_embed_forward_and_gradient(rotary_dim):
+def _rope_tables(shape, rotary_dim, seed):
+    """Arbitrary angles (not just position-based ones) in a table of `shape`."""
+    angle = np.random.default_rng(seed).uniform(-3, 3, size=shape[:-1] + (rotary_dim // 2,))
+    return np.sin(angle).astype(np.float32), np.cos(angle).astype(np.float32)
+
+
+@pytest.mark.parametrize("table_shape, rotary_dim", [
+    ((5, None), 8),        # (seq, rotary_dim // 2): made (1, seq, ...)
+    ((1, 5, None), 8),
+    ((2, 5, None), 8),     # one table per batch element
+    ((5, None), 4),        # rotary_dim < head_dim: the other features pass through
+    ((2, 5, None), 6),
+])
+def test_rotary_pos_embed_forward_and_gradient(table_shape, rotary_dim):
     rng = np.random.default_rng(rotary_dim)
-    x = rng.normal(size=(2, 3, 5, 8)).astype(np.float32)      # (batch, heads, seq, head_dim)
+    x = rng.normal(size=(2, 5, 3, 8)).astype(np.float32)      # (batch, seq, heads, head_dim)
+    shape = table_shape[:-1] + (rotary_dim // 2,)
+    sin, cos = _rope_tables(shape, rotary_dim, seed=len(shape))
 
     def fn(t):
-        sin, cos = trig_table_constants(5, rotary_dim)
-        return rotary_pos_embed(t, sin, cos, rotary_dim)
+        return rotary_pos_embed(t, popxl.constant(sin), popxl.constant(cos), rotary_dim)
 
     out, = run_ops(fn, x)
-    np.testing.assert_allclose(out, _rope_ref(x, rotary_dim), rtol=1e-5, atol=1e-6)
+    want = _rope_ref(x, sin, cos, rotary_dim)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out[..., rotary_dim:], x[..., rotary_dim:])
     dy = rng.normal(size=x.shape).astype(np.float32)
     _, (dx,) = grads(fn, [x], [dy])
-    np.testing.assert_allclose(dx, _rope_ref(dy, rotary_dim, sign=-1.0), rtol=1e-5, atol=1e-6)
-    # the gradient is the transpose: <rope(x), dy> == <x, dx>
-    np.testing.assert_allclose(np.sum(_rope_ref(x, rotary_dim) * dy), np.sum(x * dx), rtol=1e-4)
+    np.testing.assert_allclose(dx, _rope_ref(dy, sin, cos, rotary_dim, inverse=True),
+                               rtol=1e-5, atol=1e-6)
+    # the gradient is the transpose of the forward map: <rope(x), dy> == <x, dx>
+    np.testing.assert_allclose(np.sum(want * dy), np.sum(x.astype(np.float64) * dx), rtol=1e-5)
 
 
-def test_rotary_pos_embed_float16_and_errors():
-    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float16)
-    out, = run_ops(lambda t: rotary_pos_embed(t, *trig_table_constants(4, 6, dtype=popxl.float16)),
-                   x)
+def test_rotary_pos_embed_position_tables_and_default_rotary_dim():
+    """trig_table_constants' tables; rotary_dim None rotates the whole head."""
+    x = np.random.default_rng(1).normal(size=(1, 6, 2, 4)).astype(np.float32)
+    out, = run_ops(lambda t: rotary_pos_embed(t, *trig_table_constants(6, 4, base=50)), x)
+    angle = np.outer(np.arange(6), 50.0 ** (-np.arange(0, 4, 2) / 4))
+    np.testing.assert_allclose(out, _rope_ref(x, np.sin(angle), np.cos(angle), 4), rtol=1e-5,
+                               atol=1e-6)
+    # position 0 is not turned; pair 0 of position 1 is turned by exactly 1 radian
+    np.testing.assert_array_equal(out[:, 0], x[:, 0])
+    z = (x[0, 1, :, 0] + 1j * x[0, 1, :, 1]) * np.exp(1j)
+    np.testing.assert_allclose(out[0, 1, :, 0] + 1j * out[0, 1, :, 1], z, rtol=1e-5)
+
+
+def test_rotary_pos_embed_float16():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 4, 2, 6)).astype(np.float16)
+    sin, cos = (a.astype(np.float16) for a in _rope_tables((2, 4, 2), 4, seed=3))
+
+    def fn(t):
+        return rotary_pos_embed(t, popxl.constant(sin), popxl.constant(cos), 4)
+
+    out, = run_ops(fn, x)
     assert out.dtype == np.float16
-    np.testing.assert_allclose(out, _rope_ref(x, 6), atol=2e-3)
+    # computed in float32 and rounded once
+    np.testing.assert_array_equal(out, _rope_ref(x, sin, cos, 4).astype(np.float32)
+                                  .astype(np.float16))
+    dy = rng.normal(size=x.shape).astype(np.float16)
+    _, (dx,) = grads(fn, [x], [dy])
+    assert dx.dtype == np.float16
+    np.testing.assert_allclose(dx, _rope_ref(dy, sin, cos, 4, inverse=True), atol=4e-3)
+
+
+def test_rotary_pos_embed_errors():
     ir = popxl.Ir()
     with ir.main_graph:
-        t = popxl.variable(np.zeros((4, 6), np.float32))
+        t = popxl.variable(np.zeros((2, 4, 1, 6), np.float32))
         sin, cos = trig_table_constants(4, 6)
         with pytest.raises(ValueError, match="rotary_dim must be an even int"):
             rotary_pos_embed(t, sin, cos, 8)
-        with pytest.raises(ValueError, match=r"\(seq, rotary_dim // 2\) = \(4, 2\)"):
+        with pytest.raises(ValueError, match="rotary_dim must be an even int"):
+            rotary_pos_embed(t, sin, cos, 3)
+        with pytest.raises(ValueError, match=r"does not broadcast to .* = \(2, 4, 2\)"):
             rotary_pos_embed(t, sin, cos, 4)
-        with pytest.raises(ValueError, match="sin and cos must both be"):
+        with pytest.raises(ValueError, match=r"does not broadcast to .* = \(2, 4, 3\)"):
+            rotary_pos_embed(t, *trig_table_constants(5, 6))
+        with pytest.raises(ValueError, match="must have rank 3"):
             rotary_pos_embed(t, sin, ops.reshape(cos, (12,)))
-        with pytest.raises(ValueError, match=r"\(\.\.\., seq, head_dim\)"):
-            rotary_pos_embed(ops.reshape(t, (24,)), sin, cos)
+        with pytest.raises(ValueError, match=r"rank 4 \(batch, seq, heads, head_dim\)"):
+            rotary_pos_embed(ops.reshape(t, (8, 6)), sin, cos)
+        with pytest.raises(TypeError, match="dtype of"):
+            rotary_pos_embed(t, *trig_table_constants(4, 6, dtype=popxl.float16))
 
 
 # --- group quantisation -----------------------------------------------------------------------
