@@ -3,7 +3,7 @@ light destinations (added in passes) and heavy ones (summed by a running sum).""
 import numpy as np
 import pytest
 
-from popxl_dist.engine.kernels._scatter_add import scatter_add_rows
+from popxl.engine.kernels._scatter_add import scatter_add_rows
 
 
 def _sequential(out, idx, rows):
