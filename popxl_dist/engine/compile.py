@@ -19,7 +19,9 @@ import numpy as np
 from .._ir.records import GraphData, IrData, Op, TensorKind
 from ..errors import EngineError
 from .kernels import load_all
+from . import memory_plan
 from .kernels.registry import CONTROL_FLOW_TYPES, KERNELS, KernelSpec
+from .memory_plan import MemoryPlan, plan_memory
 
 __all__ = ["Program", "CompiledGraph", "CompileEnv", "CollectiveStep", "stream_slots"]
 
@@ -71,13 +73,14 @@ class CollectiveStep:
 
 
 class CompiledGraph:
-    """One graph compiled: `run(ctx, *inputs) -> tuple(outputs)` plus its aliasing summary.
+    """One graph compiled: `run(ctx, *inputs) -> tuple(outputs)` plus its aliasing summary and
+    its memory plan (`memory_plan`, see engine/memory_plan.py).
 
     With `has_collectives`, `run` is a generator function (see `CollectiveStep`)."""
 
     def __init__(self, gid: str, run: Callable, modified_inputs: Set[int],
                  has_collectives: bool, ops: List[Op], line_to_op: Dict[int, Op], filename: str,
-                 source: str):
+                 source: str, memory_plan: Optional[MemoryPlan] = None):
         self.gid = gid
         self.run = run
         self.modified_inputs = modified_inputs
@@ -86,6 +89,7 @@ class CompiledGraph:
         self.line_to_op = line_to_op
         self.filename = filename
         self.source = source
+        self.memory_plan = memory_plan or MemoryPlan(graph=gid)
 
 
 class Program:
@@ -238,38 +242,47 @@ class Program:
                 lines.append(f"    {name_of(t)} = {cname}{copy}")
         last_use = plan.last_use
         has_collectives = self._ops_have_collectives(ops)
+        fns = [self._kernel_fn(gd, op) for op in ops]
+        call_outs = {pos: self.graph(op.called[0]).memory_plan.output_roots
+                     for pos, op in enumerate(ops) if op.type == "Call"}
+        kinds = [self._plan_kind(op, fn, plan) for op, fn in zip(ops, fns)]
+        in_place_inputs = {pos: KERNELS[op.type].inplace for pos, op in enumerate(ops)
+                           if kinds[pos] == memory_plan.INPLACE
+                           and KERNELS[op.type].inplace is not True}
+        mplan = plan_memory(gd, ops, kinds,
+                            self._escaping(gd, ops, input_ids, output_ids, plan, is_main),
+                            plan.copy_outputs, output_ids, plan.parent, plan.copy_returns,
+                            call_outs, in_place_inputs, gd.id)
+        if mplan.slot:
+            glob["_views"] = _views_getter(mplan)
+            lines.append("    B = _views(ctx)")
+        if mplan.root_output:
+            lines[0] = lines[0][:-2] + ", out=None):"
+            glob["_NO_OUT"] = (None,) * len(output_ids)
+            lines.append("    O = _NO_OUT if out is None else out")
         for pos, op in enumerate(ops):
             spec = self._spec(op)
             ins = [name_of(t) for t in op.inputs]
             outs = [name_of(t) for t in op.outputs]
             kname = f"K{pos}"
+            fn = fns[pos]
             if spec is None:
                 writes, copies, coll = self._callee_effects(op)
                 call_args = [f"{a}.copy()" if i in copies else a for i, a in enumerate(ins)]
-                glob[kname] = self._control_flow_fn(op)
+                if _has_out(op, mplan):
+                    call_args.append(_out_arg(op, mplan))
+                glob[kname] = fn
                 call = f"{kname}(ctx{''.join(', ' + a for a in call_args)})"
                 if coll:
                     call = f"(yield from {call})"
             elif spec.collective:
-                try:
-                    fn = spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
-                                      [gd.tensors[t] for t in op.outputs])
-                except (NotImplementedError, ValueError, TypeError) as e:
-                    raise type(e)(f"{op.describe()}: {e}") from e
                 glob[kname] = CollectiveStep(fn, op)
                 call = f"(yield ({kname}, ({''.join(a + ', ' for a in ins)})))"
             else:
-                try:
-                    fn = (spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
-                                       [gd.tensors[t] for t in op.outputs], self.env)
-                          if spec.context else
-                          spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
-                                       [gd.tensors[t] for t in op.outputs]))
-                except (NotImplementedError, ValueError, TypeError) as e:
-                    raise type(e)(f"{op.describe()}: {e}") from e
                 glob[kname] = fn
                 prefix = "ctx, " if spec.context else ""
-                call = f"{kname}({prefix}{', '.join(ins)})"
+                args = ins + ([_out_arg(op, mplan)] if _has_out(op, mplan) else [])
+                call = f"{kname}({prefix}{', '.join(args)})"
             if (spec is not None and len(op.outputs) == 1 and not spec.collective
                     and not spec.modifies and gd.tensors[op.outputs[0]].shape == ()):
                 # NumPy gives scalars for 0-d results; keep arrays so in-place ops can follow.
@@ -303,9 +316,50 @@ class Program:
         code = compile(source, filename, "exec")
         exec(code, glob)
         cg = CompiledGraph(gd.id, glob["run"], plan.modified_inputs, has_collectives, ops,
-                           line_to_op, filename, source)
+                           line_to_op, filename, source, mplan)
         self._by_filename[filename] = cg
         return cg
+
+    def _kernel_fn(self, gd: GraphData, op: Op) -> Callable:
+        """The bound callable of one op: its kernel, collective step function or callee."""
+        spec = self._spec(op)
+        if spec is None:
+            return self._control_flow_fn(op)
+        ins = [gd.tensors[t] for t in op.inputs]
+        outs = [gd.tensors[t] for t in op.outputs]
+        try:
+            if spec.collective:
+                return spec.factory(op.attrs, ins, outs)
+            if spec.context:
+                return spec.factory(op.attrs, ins, outs, self.env)
+            return spec.factory(op.attrs, ins, outs)
+        except (NotImplementedError, ValueError, TypeError) as e:
+            raise type(e)(f"{op.describe()}: {e}") from e
+
+    def _plan_kind(self, op: Op, fn: Callable, plan: "_AliasPlan") -> str:
+        spec = self._spec(op)
+        if spec is None:
+            return memory_plan.CONTROL
+        if (not spec.writes_out or spec.collective or getattr(fn, "no_out", False)
+                or (spec.modifies and spec.returns_input and spec.modified_inputs(op))
+                or any(t in plan.copy_outputs for t in op.outputs)):
+            return memory_plan.OTHER
+        if spec.view or spec.alias:
+            return memory_plan.VIEW_OUT if spec.view and len(op.outputs) == 1 else memory_plan.OTHER
+        return memory_plan.INPLACE if spec.inplace else memory_plan.WRITES_OUT
+
+    def _escaping(self, gd: GraphData, ops: List[Op], input_ids: List[str],
+                  output_ids: List[str], plan: "_AliasPlan", is_main: bool) -> Set[str]:
+        """Tensors whose memory is not the graph run's own: inputs, outputs, state, constants."""
+        esc = set(input_ids) | set(output_ids) | plan.keep_alive
+        for op in ops:
+            for t in op.inputs + op.outputs:
+                info = gd.tensors.get(t)
+                if info is not None and info.kind in (TensorKind.CONSTANT, TensorKind.VARIABLE):
+                    esc.add(t)
+        if is_main:
+            esc |= set(self.state_ids)
+        return esc
 
     def _control_flow_fn(self, op: Op) -> Callable:
         if op.type == "Call":
@@ -353,6 +407,40 @@ class Program:
 
             return cond_gen if then_cg.has_collectives or else_cg.has_collectives else cond_fn
         raise AssertionError(op.type)
+
+
+def _has_out(op: Op, mplan: MemoryPlan) -> bool:
+    return any(t in mplan.slot or t in mplan.root_output for t in op.outputs)
+
+
+def _out_arg(op: Op, mplan: MemoryPlan) -> str:
+    """The `out=` argument of an op with planned outputs: its buffer in the plan (`B[i]`), the
+    memory the caller provides for a graph output (`O[j]`, None when the caller gives none)."""
+    where = []
+    for t in op.outputs:
+        if t in mplan.slot:
+            where.append(f"B[{mplan.slot[t]}]")
+        elif t in mplan.root_output:
+            where.append(f"O[{mplan.root_output[t]}]")
+        else:
+            where.append("None")
+    if len(where) == 1 and op.type not in CONTROL_FLOW_TYPES:
+        return f"out={where[0]}"
+    return "out=(" + "".join(w + ", " for w in where) + ")"
+
+
+def _views_getter(mplan: MemoryPlan) -> Callable:
+    """`views(ctx)`: the plan's buffers of replica context `ctx`, allocated on first use."""
+    key = object()
+
+    def views(ctx):
+        bufs = ctx.buffers
+        v = bufs.get(key)
+        if v is None:
+            v = bufs[key] = mplan.views()
+        return v
+
+    return views
 
 
 class _AliasPlan:
@@ -446,6 +534,7 @@ class _AliasPlan:
                     del parent[v]          # v now owns its memory
                     break
 
+        self.parent = parent
         modified_roots = {root(t) for _, t in mods}
         for t in external:
             if t in modified_roots:

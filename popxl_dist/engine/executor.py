@@ -24,7 +24,7 @@ class ReplicaContext:
     """One replica's device memory and its host-stream cursors for the current run."""
 
     __slots__ = ("replica", "state", "in_chunks", "in_count", "out_chunks", "out_count",
-                 "remote", "prints")
+                 "remote", "prints", "buffers")
 
     def __init__(self, replica: int, n_state: int, n_in: int, n_out: int):
         self.replica = replica
@@ -35,6 +35,7 @@ class ReplicaContext:
         self.out_count = [0] * n_out
         self.remote: Dict[int, np.ndarray] = {}
         self.prints: List[str] = []       # PrintTensor output of the current run
+        self.buffers: Dict[object, List[np.ndarray]] = {}   # memory-plan buffers, per graph
 
     def next_input(self, slot: int) -> np.ndarray:
         k = self.in_count[slot]

@@ -3,20 +3,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import (F16, F32, blocks, cast, flat, from_f16, np_dtype, scalar, to_f16,
-                    via_f32)
+from ._util import (F16, F32, blocks, cast, cast_into, flat, from_f16, np_dtype, scalar,
+                    scratch, to_f16, ufunc_out, via_f32, without_out)
 from .registry import kernel
 
 
 def _binary(ufunc):
     def factory(attrs, ins, outs):
-        return via_f32(ufunc, np_dtype(outs[0]))
+        dt = np_dtype(outs[0])
+        if dt == F16:
+            return via_f32(ufunc, dt)
+        return ufunc_out(ufunc, ins, outs)
     return factory
 
 
-kernel("Add")(_binary(np.add))
-kernel("Sub")(_binary(np.subtract))
-kernel("Mul")(_binary(np.multiply))
+kernel("Add", writes_out=True, inplace=True)(_binary(np.add))
+kernel("Sub", writes_out=True, inplace=True)(_binary(np.subtract))
+kernel("Mul", writes_out=True, inplace=True)(_binary(np.multiply))
 
 
 @kernel("Div")
@@ -89,15 +92,30 @@ def _scaled_add_fn(attrs, ins):
     return calc, out, coeffs
 
 
-@kernel("ScaledAdd")
+@kernel("ScaledAdd", writes_out=True)
 def _scaled_add(attrs, ins, outs):
     calc, out, coeffs = _scaled_add_fn(attrs, ins)
+    same = (ins[0].shape == ins[1].shape == outs[0].shape
+            and np_dtype(outs[0]) == out and calc == out and np_dtype(ins[1]) == out)
 
-    def run(x, y, *extra):
+    def run(x, y, *extra, out=None):
         a, b = coeffs(extra)
+        if same and out is not None:
+            np.multiply(x, calc.type(a), out=out)
+            of, yf = flat(out), flat(np.ascontiguousarray(y))
+            for lo, hi in blocks(of.size):
+                yb = scratch("scaled_add_y", hi - lo, calc)
+                np.multiply(yf[lo:hi], calc.type(b), out=yb)
+                of[lo:hi] += yb
+            return out
         r = _in(x, calc) * calc.type(a)
         r += _in(y, calc) * calc.type(b)
-        return r if out == calc else cast(r, out)
+        r = r if out_dt == calc else cast(r, out_dt)
+        if out is not None:
+            out[...] = r
+            return out
+        return r
+    out_dt = out
     return run
 
 
@@ -114,7 +132,13 @@ def _scaled_add_inplace(attrs, ins, outs):
         b = calc.type(attrs["b"])
         if a == 1:
             def run_fast(x, y):
-                if y.dtype == out:
+                if y.dtype == out and y.shape == x.shape and x.flags.c_contiguous:
+                    xf, yf = flat(x), flat(np.ascontiguousarray(y))
+                    for lo, hi in blocks(xf.size):     # x += b * y, in cache
+                        yb = scratch("scaled_add_y", hi - lo, out)
+                        np.multiply(b, yf[lo:hi], out=yb)
+                        xf[lo:hi] += yb
+                elif y.dtype == out:
                     x += b * y
                 elif y.dtype == F16 and x.flags.c_contiguous:
                     xf, yf = flat(x), flat(y)
@@ -150,7 +174,7 @@ def _same(x):
 kernel("Identity", view=True)(passthrough)
 
 
-@kernel("Cast")
+@kernel("Cast", writes_out=True)
 def _cast(attrs, ins, outs):
     dt = np_dtype(outs[0])
     if dt.kind in "iu" and np_dtype(ins[0]).kind == "f":
@@ -158,8 +182,8 @@ def _cast(attrs, ins, outs):
             # poplar casts truncate toward zero; NaN/inf saturate is undefined upstream
             with np.errstate(invalid="ignore"):
                 return np.trunc(x).astype(dt)
-        return float_to_int
-    return lambda x: cast(x, dt)
+        return without_out(float_to_int)
+    return lambda x, out=None: cast_into(x, dt, out)
 
 
 kernel("Detach", view=True)(passthrough)
