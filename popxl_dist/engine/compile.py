@@ -498,41 +498,54 @@ class _AliasPlan:
                 t = parent[t]
             return t
 
-        def descendants(v: str, members: Set[str]) -> Set[str]:
-            side = {v}
-            changed = True
-            while changed:
-                changed = False
-                for m in members:
-                    if m not in side and parent.get(m) in side:
-                        side.add(m)
-                        changed = True
+        children: Dict[str, Set[str]] = defaultdict(set)
+        for c, p in parent.items():
+            children[p].add(c)
+
+        def subtree(v: str) -> Set[str]:
+            """v and every tensor that views it, directly or through other views."""
+            side, todo = {v}, [v]
+            while todo:
+                for c in children.get(todo.pop(), ()):
+                    if c not in side:
+                        side.add(c)
+                        todo.append(c)
             return side
 
-        def read_after(side: Set[str], p: int) -> bool:
-            for m in side:
-                if m in infinite_reads:
-                    return True
-                if any(r > p for r in reads.get(m, ())):
-                    return True
-            return False
+        last_read = {t: max(ps) for t, ps in reads.items()}
+        mods_of: Dict[str, List[int]] = defaultdict(list)
+        for p, mt in mods:
+            mods_of[mt].append(p)
 
-        # Out-of-place views, in creation order: copy when a later write is observable.
-        all_tensors = set(parent) | set(parent.values())
+        def read_after(side: Set[str], p: int) -> bool:
+            return any(m in infinite_reads or last_read.get(m, -1) > p for m in side)
+
+        # Out-of-place views, in creation order: copy when a later write to one side of the
+        # view (the view and its own views, or the rest of its tree) is observable on the other.
         for v in sorted(view_edge, key=view_edge.get):
             i = view_edge[v]
-            r = root(v)
-            members = {m for m in all_tensors if root(m) == r}
-            v_side = descendants(v, members)
+            members = subtree(root(v))
+            v_side = subtree(v)
             u_side = members - v_side
-            for p, mt in mods:
-                if p <= i or root(mt) != r:
-                    continue
-                other = u_side if mt in v_side else v_side
-                if read_after(other, p):
-                    self.copy_outputs.add(v)
-                    del parent[v]          # v now owns its memory
-                    break
+            if any(p > i and read_after(u_side if mt in v_side else v_side, p)
+                   for mt in members for p in mods_of.get(mt, ())):
+                self.copy_outputs.add(v)
+                children[parent.pop(v)].discard(v)     # v now owns its memory
+
+        roots: Dict[str, str] = {}
+
+        def root(t: str) -> str:                      # noqa: F811 - parent is final now
+            r = roots.get(t)
+            if r is None:
+                path = []
+                r = t
+                while r in parent and r not in roots:
+                    path.append(r)
+                    r = parent[r]
+                r = roots.get(r, r)
+                for m in path:
+                    roots[m] = r
+            return r
 
         self.parent = parent
         modified_roots = {root(t) for _, t in mods}
