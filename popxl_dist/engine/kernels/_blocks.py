@@ -14,7 +14,7 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-from ._util import F16, F32, from_f16, scratch, to_f16
+from ._util import F16, F32, f16_into, from_f16, scratch, to_f16
 
 __all__ = ["BLOCK", "elem_blocks", "row_blocks", "as_f32", "store", "contiguous_rows"]
 
@@ -41,16 +41,10 @@ def as_f32(a: np.ndarray, tag: str) -> np.ndarray:
         return a
     buf = scratch(tag, a.size).reshape(a.shape)
     if a.dtype == F16:
-        np.take(_F16_TABLE(), a.view(np.uint16), out=buf)
+        f16_into(a, buf)
     else:
         buf[...] = a
     return buf
-
-
-def _F16_TABLE() -> np.ndarray:
-    from . import _util
-
-    return _util._F16_TO_F32
 
 
 def store(res: np.ndarray, out: np.ndarray) -> None:
@@ -84,3 +78,52 @@ def f32_work(out: np.ndarray, tag: str, n: int) -> np.ndarray:
 
 
 __all__ += ["out_array", "f32_work", "from_f16"]
+
+
+def _suffix_size(shape, out_shape) -> Optional[int]:
+    """Elements of an operand that broadcasts as a suffix of `out_shape` (leading 1s dropped):
+    the operand repeats every that many output elements; None for other broadcasts."""
+    s = tuple(shape)
+    while s and s[0] == 1:
+        s = s[1:]
+    if s and tuple(out_shape[len(out_shape) - len(s):]) != s:
+        return None
+    n = 1
+    for d in s:
+        n *= d
+    return n
+
+
+def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object]:
+    """`ufunc(a, b)` computed in float32 on float16 / float32 operands and rounded once to
+    `out_dtype`, block by block (rows of the broadcast operand), into `out` when given; None
+    when the broadcast is not an operand repeating as a suffix of the output."""
+    n = 1
+    for d in out_shape:
+        n *= d
+    ka, kb = _suffix_size(a_shape, out_shape), _suffix_size(b_shape, out_shape)
+    if ka is None or kb is None or (ka != n and kb != n):
+        return None
+    k = min(ka, kb) or 1           # the row length: the smaller operand repeats every k
+    rows = n // k if k else 0
+
+    def run(a, b, out=None):
+        res = np.empty(out_shape, out_dtype) if out is None else out
+        a2 = np.ascontiguousarray(a).reshape(-1, ka if ka != n else k) if n else a
+        b2 = np.ascontiguousarray(b).reshape(-1, kb if kb != n else k) if n else b
+        if ka != n:
+            a2 = as_f32(a2, "bin_a_row")
+        if kb != n:
+            b2 = as_f32(b2, "bin_b_row")
+        o2 = res.reshape(rows, k)
+        for r0, r1 in row_blocks(rows, k):
+            ab = a2[r0:r1] if ka == n else a2
+            bb = b2[r0:r1] if kb == n else b2
+            ab = as_f32(ab, "bin_a") if ka == n else ab
+            bb = as_f32(bb, "bin_b") if kb == n else bb
+            o = o2[r0:r1]
+            w = f32_work(o, "bin_w", o.size)
+            ufunc(ab, bb, out=w)
+            store(w, o)
+        return res
+    return run

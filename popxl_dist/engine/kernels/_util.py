@@ -22,8 +22,41 @@ _U32 = np.uint32
 
 
 def from_f16(h: np.ndarray) -> np.ndarray:
-    """A float16 array as float32 (bit for bit `h.astype(float32)`), by table lookup."""
-    return np.take(_F16_TO_F32, np.asarray(h).view(np.uint16))
+    """A float16 array as float32 (bit for bit `h.astype(float32)`): compiled when numba is
+    installed (see `_f16_numba`), else by table lookup."""
+    h = np.asarray(h)
+    return f16_into(h, np.empty(h.shape, np.float32))
+
+
+def f16_into(h: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`h` (float16) converted into `out` (float32, C-contiguous, h's shape); returns out."""
+    conv = _converters()
+    if conv is not None and out.flags.c_contiguous:
+        conv[1](np.ascontiguousarray(h).reshape(-1).view(np.uint16), out.reshape(-1))
+    else:
+        np.take(_F16_TO_F32, h.view(np.uint16), out=out)
+    return out
+
+
+def _converters():
+    """The compiled float16 converters, or None (NumPy's then)."""
+    conv = _CONV.get("fns", _UNSET)
+    if conv is _UNSET:
+        from ._f16_numba import converters
+
+        conv = _CONV["fns"] = converters()
+    return conv
+
+
+_CONV: dict = {}
+_UNSET = object()
+
+
+def use_compiled_converters(flag: Optional[bool]) -> None:
+    """Force the NumPy converters (False), or re-detect the compiled ones (None): for tests."""
+    _CONV.clear()
+    if flag is False:
+        _CONV["fns"] = None
 
 
 _CHUNK = 65536        # elements converted at a time: the ~20 passes then run in cache
@@ -32,13 +65,52 @@ _CHUNK = 65536        # elements converted at a time: the ~20 passes then run in
 def _f32_to_f16(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """float32 -> float16, round half to even, as IEEE and NumPy do (into `out`, a C-contiguous
     float16 array of x's shape, when given)."""
-    u = np.ascontiguousarray(x).view(_U32).reshape(-1)
     if out is None:
         out = np.empty(np.shape(x), np.float16)
+    x = np.ascontiguousarray(x)
     bits = out.reshape(-1).view(np.uint16)
+    conv = _converters()
+    if conv is not None:
+        conv[0](x.reshape(-1), bits)
+        return out
+    u = x.view(_U32).reshape(-1)
     for i in range(0, u.size, _CHUNK):
-        _f32_bits_to_f16(u[i:i + _CHUNK], bits[i:i + _CHUNK])
+        _f32_chunk_to_f16(u[i:i + _CHUNK], bits[i:i + _CHUNK])
     return out
+
+
+_BIG = _U32(0x47800000)             # |x| >= 2**16 (or inf / NaN): the general path below
+
+
+def _f32_chunk_to_f16(u: np.ndarray, out: np.ndarray) -> None:
+    """float32 bits -> float16 bits (`out`, uint16) in a dozen cheap passes, in scratch memory.
+
+    The float unit rounds: |x| + m with m = 2**(max(e, -14) + 13) (e: |x|'s exponent) has the
+    ulp of x in float16 (2**-24 in float16's subnormal range), so (|x| + m) - m is |x| rounded
+    half to even to float16, exactly. Times 2**-112 (exact) its float32 bits shifted right by 13
+    are the float16 bits; a result of 2**16 gives the infinity bits. The sign bit is x's bit 31
+    moved to bit 15. Larger magnitudes, infinities and NaNs take `_f32_bits_to_f16`."""
+    n = u.size
+    a = scratch("f16_abs", n, np.float32)
+    np.abs(u.view(np.float32), out=a)
+    ab = a.view(_U32)
+    if n and ab.max() >= _BIG:
+        _f32_bits_to_f16(u, out)
+        return
+    m = scratch("f16_magic", n, _U32)
+    np.bitwise_and(ab, _U32(0x7F800000), out=m)
+    np.maximum(m, _U32(113 << 23), out=m)
+    m += _U32(13 << 23)
+    mf = m.view(np.float32)
+    a += mf
+    a -= mf
+    a *= np.float32(2.0 ** -112)
+    np.right_shift(ab, _U32(13), out=m)
+    s = scratch("f16_sign", n, _U32)
+    np.right_shift(u, _U32(16), out=s)
+    np.bitwise_and(s, _U32(0x8000), out=s)
+    np.bitwise_or(m, s, out=m)
+    np.copyto(out, m, casting="unsafe")
 
 
 def _f32_bits_to_f16(u: np.ndarray, out: np.ndarray) -> None:
@@ -150,7 +222,7 @@ def cast_into(x: np.ndarray, dt: np.dtype, out: Optional[np.ndarray]) -> np.ndar
     if dt == F16 and x.dtype == F32:
         return to_f16(x, out)
     if x.dtype == F16 and dt == F32:
-        np.take(_F16_TO_F32, x.view(np.uint16), out=out)
+        f16_into(x, out)
     elif dt == F16 and x.dtype != F16 and x.dtype.kind == "f":
         out[...] = to_f16(x)
     else:

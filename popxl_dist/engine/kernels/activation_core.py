@@ -12,7 +12,8 @@ import numpy as np
 
 from ._blocks import (as_f32, contiguous_rows, elem_blocks, f32_work, out_array, row_blocks,
                       store)
-from ._util import F16, F32, from_f16, np_dtype, scratch, to_f16, via_f32, without_out
+from ._util import (F16, F32, f16_into, from_f16, np_dtype, scratch, to_f16, via_f32,
+                    without_out)
 from .registry import kernel
 
 _K = np.float32(np.sqrt(2.0 / np.pi))
@@ -231,7 +232,13 @@ def _nll_softmax_grad(attrs, ins, outs):
         if in_out:
             dx = dx_out.reshape(p.shape)
             if p.dtype == F16:
-                np.take(_f16_table(), p.view(np.uint16), out=dx)
+                f16_into(p, dx)
+            else:
+                np.copyto(dx, p)
+        elif dx_dt == F16 or out is not None:          # a float32 work array, rounded below
+            dx = scratch("nll_dx", p.size).reshape(p.shape)
+            if p.dtype == F16:
+                f16_into(p, dx)
             else:
                 np.copyto(dx, p)
         else:
@@ -271,8 +278,3 @@ def _nll_softmax_grad(attrs, ins, outs):
         return loss_out, res
     return run
 
-
-def _f16_table() -> np.ndarray:
-    from . import _util
-
-    return _util._F16_TO_F32

@@ -5,6 +5,7 @@ import numpy as np
 
 from ._util import (F16, F32, blocks, cast, cast_into, flat, from_f16, np_dtype, scalar,
                     scratch, to_f16, ufunc_out, via_f32, without_out)
+from ._blocks import as_f32, binary_f32, store
 from .registry import kernel
 
 
@@ -12,7 +13,10 @@ def _binary(ufunc):
     def factory(attrs, ins, outs):
         dt = np_dtype(outs[0])
         if dt == F16:
-            return via_f32(ufunc, dt)
+            fn = None
+            if all(np_dtype(i) in (F16, F32) for i in ins):
+                fn = binary_f32(ufunc, ins[0].shape, ins[1].shape, outs[0].shape, dt)
+            return fn or without_out(via_f32(ufunc, dt))
         return ufunc_out(ufunc, ins, outs)
     return factory
 
@@ -22,7 +26,7 @@ kernel("Sub", writes_out=True, inplace=True)(_binary(np.subtract))
 kernel("Mul", writes_out=True, inplace=True)(_binary(np.multiply))
 
 
-@kernel("Div")
+@kernel("Div", writes_out=True, inplace=True)
 def _div(attrs, ins, outs):
     dt = np_dtype(outs[0])
     if dt.kind in "iu":
@@ -30,8 +34,8 @@ def _div(attrs, ins, outs):
             # C / poplar integer division truncates toward zero
             q = np.trunc(np.divide(a, b, dtype=np.float64))
             return q.astype(dt)
-        return int_div
-    return via_f32(np.divide, dt)
+        return without_out(int_div)
+    return _binary(np.divide)(attrs, ins, outs)
 
 
 def _inplace(ufunc):
@@ -155,6 +159,19 @@ def _scaled_add_inplace(attrs, ins, outs):
 
     def run(x, y, *extra):
         a, b = coeffs(extra)
+        if (x.flags.c_contiguous and x.shape == y.shape and x.dtype in (F16, F32)
+                and y.dtype in (F16, F32) and calc == F32):
+            xf, yf = flat(x), flat(np.ascontiguousarray(y))
+            for lo, hi in blocks(xf.size):       # a * x + b * y, block by block
+                xb = as_f32(xf[lo:hi], "sadd_x")
+                r = scratch("sadd_r", hi - lo)
+                np.multiply(xb, calc.type(a), out=r)
+                yb = as_f32(yf[lo:hi], "sadd_y")
+                t = scratch("sadd_t", hi - lo)
+                np.multiply(yb, calc.type(b), out=t)
+                r += t
+                store(r, xf[lo:hi])
+            return x
         r = _in(x, calc) * calc.type(a)
         r += _in(y, calc) * calc.type(b)
         x[...] = r if out == calc else cast(r, out)

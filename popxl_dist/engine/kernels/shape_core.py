@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._util import F16, F32, from_f16, np_dtype, to_f16, without_out
+from ._blocks import as_f32
 from .registry import kernel
 
 
@@ -58,8 +59,7 @@ def _reduce_sum(attrs, ins, outs):
     out = np_dtype(outs[0])
     if out == F16:
         def run16(x, out=None):
-            return to_f16(np.sum(from_f16(x) if x.dtype == F16 else x, axis=axes,
-                                 keepdims=keep, dtype=F32), out)
+            return to_f16(np.sum(as_f32(x, "rsum_x"), axis=axes, keepdims=keep, dtype=F32), out)
         return run16
     if np_dtype(ins[0]) == out and out.kind == "f":
         def run(x, out=None):

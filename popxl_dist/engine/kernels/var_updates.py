@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, blocks, cast, flat, np_dtype, round_f16, scalar, scratch
+from ._util import (F16, F32, blocks, cast, f16_into, flat, np_dtype, round_f16, scalar,
+                    scratch, to_f16)
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -107,29 +108,40 @@ def _accumulate_kernel(attrs, ins, outs):
         t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
 
-    if t_dt == F32 and x_dt == F32:
-        def run32(t, x, *extra):
-            """update() block by block, in place (the same element-wise operations)."""
+    if t_dt in (F16, F32) and x_dt in (F16, F32):
+        round_x = t_dt == F16 and x_dt == F32        # X is rounded into t's dtype first
+
+        def run_blocks(t, x, *extra):
+            """update() block by block (the same element-wise operations), in scratch."""
             a, b = const if const is not None else _accumulate_coeffs(
                 mode, scalar(extra[0], cdt), cdt)
             if not (t.flags.c_contiguous and x.shape == t.shape):
                 return run(t, x, *extra)
             tf, xf = flat(t), flat(np.ascontiguousarray(x))
             for lo, hi in blocks(tf.size):
-                xv = scratch("acc_x", hi - lo)
-                np.copyto(xv, xf[lo:hi])
+                n = hi - lo
+                xv = scratch("acc_x", n)
+                if x_dt == F16:
+                    f16_into(xf[lo:hi], xv)
+                else:
+                    np.copyto(xv, xf[lo:hi])
+                if round_x:
+                    xv[...] = round_f16(xv)
                 if square:
                     xv *= xv
                 if b != 1:
                     xv *= b
                 tb = tf[lo:hi]
+                tv = tb if t_dt == F32 else _f32_into(tb, "acc_t")
                 if a is None:
-                    tb += xv
+                    tv += xv
                 else:
-                    tb *= a
-                    tb += xv
+                    tv *= a
+                    tv += xv
+                if tv is not tb:
+                    to_f16(tv, tb)
             return t
-        return run32
+        return run_blocks
 
     return run
 
@@ -245,28 +257,25 @@ def _updater_factory(attrs, ins, outs):
             if w_all is not None:
                 t = scratch("adam_t", n, calc)
                 if fused and w_all.dtype == F16:
-                    np.take(_f16_table(), w_all[lo:hi].view(np.uint16), out=t)
+                    f16_into(w_all[lo:hi], t)
                 else:
                     t[...] = w_all[lo:hi]
                 t *= wd
                 x += t
             if x is not o:
-                o[...] = x if out_dt == calc else cast(x, out_dt)
+                if out_dt == F16 and x.dtype == F32:
+                    to_f16(x, o)
+                else:
+                    o[...] = x if out_dt == calc else cast(x, out_dt)
         return res
     return run
-
-
-def _f16_table():
-    from . import _util
-
-    return _util._F16_TO_F32
 
 
 def _f32_into(a: np.ndarray, tag: str) -> np.ndarray:
     """A float32 copy of a float16 / float32 block, in scratch `tag`."""
     buf = scratch(tag, a.size)
     if a.dtype == F16:
-        np.take(_f16_table(), a.view(np.uint16), out=buf)
+        f16_into(a, buf)
     else:
         np.copyto(buf, a)
     return buf

@@ -249,3 +249,129 @@ def test_nll_softmax_grad_bits(dtype):
         for got in (plain, outs):
             assert_bits(got[0], want_loss)
             assert_bits(got[1], dx.astype(dtype))
+
+
+# --- float16: computed in float32 on the float16 values, rounded once (NumPy's casts) -----------
+def f16(a):
+    with np.errstate(all="ignore"):
+        return np.asarray(a).astype(F16)
+
+
+def f32(a):
+    return np.asarray(a).astype(F32)
+
+
+@pytest.mark.parametrize("op,ufunc", [("Add", np.add), ("Sub", np.subtract),
+                                      ("Mul", np.multiply), ("Div", np.divide)])
+@pytest.mark.parametrize("sa,sb", [((4, 5), (4, 5)), ((300, 700), (700,)), ((700,), (300, 700)),
+                                   ((8, 4, 64, 64), (64, 64)), ((3, 1), (3, 4)), ((2, 3), ())])
+def test_binary_f16_bits(op, ufunc, sa, sb):
+    a = f16(rng.normal(size=sa) * 2)
+    b = f16(rng.normal(size=sb) + 3)
+    shape = np.broadcast_shapes(sa, sb)
+    fn = kernel(op, {}, [a, b], [(shape, F16)])
+    want = f16(ufunc(f32(a), f32(b)))
+    assert_bits(fn(a, b), want)
+    if not getattr(fn, "no_out", False):
+        out = np.empty(shape, F16)
+        assert fn(a, b, out=out) is out
+        assert_bits(out, want)
+        if sa == shape:                       # the memory plan may hand over a's buffer
+            buf = a.copy()
+            assert_bits(fn(buf, b, out=buf), want)
+
+
+@pytest.mark.parametrize("sa,sb", [((64, 96), (96, 32)), ((8, 4, 33, 16), (8, 4, 16, 33)),
+                                   ((100,), (100, 7))])
+@pytest.mark.parametrize("out_dtype", [F16, F32])
+def test_matmul_f16_bits(sa, sb, out_dtype):
+    a, b = f16(rng.normal(size=sa)), f16(rng.normal(size=sb))
+    shape = np.matmul(f32(a), f32(b)).shape
+    fn = kernel("MatMul", {}, [a, b], [(shape, out_dtype)])
+    want = np.matmul(f32(a), f32(b)).astype(out_dtype)
+    assert_bits(fn(a, b), want)
+    assert_bits(fn(a.T.copy().T, b), want)            # a non-contiguous operand
+    out = np.empty(shape, out_dtype)
+    assert fn(a, b, out=out) is out
+    assert_bits(out, want)
+
+
+def test_matmul_f32_out_bits():
+    a, b = rng.normal(size=(70, 50)).astype(F32), rng.normal(size=(50, 90)).astype(F32)
+    fn = kernel("MatMul", {}, [a, b], [((70, 90), F32)])
+    out = np.empty((70, 90), F32)
+    assert fn(a, b, out=out) is out
+    assert_bits(out, a @ b)
+
+
+@pytest.mark.parametrize("n_in", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [F16, F32])
+def test_grad_sum_bits(n_in, dtype):
+    xs = [(rng.normal(size=(300, 500)) * 10.0 ** rng.integers(-6, 2)).astype(dtype)
+          for _ in range(n_in)]
+    fn = kernel("Sum", {}, xs, [((300, 500), dtype)])
+    acc = xs[0].copy()
+    for x in xs[1:]:                           # each addition rounded to the dtype
+        acc = (f32(acc) + f32(x)).astype(dtype)
+    got = fn(*xs)
+    assert_bits(got, acc)
+    assert not any(np.shares_memory(got, x) for x in xs)
+    out = np.empty((300, 500), dtype)
+    assert_bits(fn(*xs, out=out), acc)
+    if n_in > 1:
+        bufs = [x.copy() for x in xs]
+        assert_bits(fn(*bufs, out=bufs[1]), acc)
+
+
+@pytest.mark.parametrize("t_dtype,x_dtype", [(F32, F32), (F16, F16), (F16, F32), (F32, F16)])
+@pytest.mark.parametrize("mode", ["moving_average", "moving_average_square"])
+def test_accumulate_bits(t_dtype, x_dtype, mode):
+    t0 = (rng.normal(size=(200, 700)) * 1e-3).astype(t_dtype)
+    x = (rng.normal(size=(200, 700)) * 1e-4).astype(x_dtype)
+    f = np.float32(0.9)
+    xv = f32(x.astype(t_dtype))                 # X rounded into t's dtype first
+    if mode.endswith("square"):
+        xv = xv * xv
+    want = (f32(t0) * f + xv * (np.float32(1) - f)).astype(t_dtype)
+    t = t0.copy()
+    fn = kernel("Accumulate", {"mode": mode, "f": 0.9}, [t, x], [(t.shape, t_dtype)])
+    assert fn(t, x) is t
+    assert_bits(t, want)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_adam_updater_bits(dtype):
+    n = 300_000
+    w = rng.normal(size=n).astype(dtype)
+    m = (rng.normal(size=n) * 1e-3).astype(dtype)
+    v = (np.abs(rng.normal(size=n)) * 1e-6).astype(F32)
+    step = np.array(3.0, np.float32)
+    attrs = {"mode": "adam", "has_weight": True, "has_step": True, "beta1": 0.9,
+             "beta2": 0.999, "epsilon": 1e-5, "bias_correction": True, "wd": 0.01}
+    fn = kernel("AdamUpdater", attrs, [w, m, v, step], [((n,), dtype)])
+    ts = np.float32(4.0)
+    mm = f32(m) / (np.float32(1) - np.power(np.float32(0.9), ts))
+    vv = f32(v) / (np.float32(1) - np.power(np.float32(0.999), ts))
+    want = (mm / (np.sqrt(vv) + np.float32(1e-5)) + np.float32(0.01) * f32(w)).astype(dtype)
+    out = np.empty(n, dtype)
+    assert fn(w, m, v, step, out=out) is out
+    assert float(step) == 4.0
+    assert_bits(out, want)
+
+
+def test_to_f16_bits_edge_cases():
+    """The float32 -> float16 converter against NumPy's cast: ties, every exponent, the
+    subnormal range, overflow, infinities and NaNs (the converter's own exhaustive check over
+    all 2**32 patterns was run when it was written)."""
+    from popxl.engine.kernels._util import to_f16
+
+    u = np.concatenate([
+        rng.integers(0, 2 ** 32, 400_000, dtype=np.uint64).astype(np.uint32),
+        (np.arange(256, dtype=np.uint32) << 23) | 0x1000,         # ties, every exponent
+        (np.arange(256, dtype=np.uint32) << 23) | 0x3000,
+        (np.arange(256, dtype=np.uint32) << 23) | 0x0FFF,
+        np.array([0x477FE000, 0x477FEFFF, 0x477FF000, 0x47800000, 0x7F800000, 0x7FC00001,
+                  0x7F800001, 0x33000000, 0x33000001, 0x387FF000], np.uint32)])
+    u = np.concatenate([u, u | 0x80000000])
+    x = u.view(np.float32)
+    assert_bits(to_f16(x).view(np.uint16), f16(x).view(np.uint16))
