@@ -245,14 +245,19 @@ class Program:
         fns = [self._kernel_fn(gd, op) for op in ops]
         call_outs = {pos: self.graph(op.called[0]).memory_plan.output_roots
                      for pos, op in enumerate(ops) if op.type == "Call"}
+        call_aliases = {pos: self.graph(op.called[0]).memory_plan.output_alias
+                        for pos, op in enumerate(ops) if op.type == "Call"}
         kinds = [self._plan_kind(op, fn, plan) for op, fn in zip(ops, fns)]
+        if not memory_plan.enabled():
+            kinds = [k if k in (memory_plan.CONTROL, memory_plan.ALIAS0) else memory_plan.OTHER
+                     for k in kinds]
         in_place_inputs = {pos: KERNELS[op.type].inplace for pos, op in enumerate(ops)
                            if kinds[pos] == memory_plan.INPLACE
                            and KERNELS[op.type].inplace is not True}
         mplan = plan_memory(gd, ops, kinds,
                             self._escaping(gd, ops, input_ids, output_ids, plan, is_main),
                             plan.copy_outputs, output_ids, plan.parent, plan.copy_returns,
-                            call_outs, in_place_inputs, gd.id)
+                            call_outs, in_place_inputs, call_aliases, gd.id)
         if mplan.slot:
             glob["_views"] = _views_getter(mplan)
             lines.append("    B = _views(ctx)")
@@ -340,8 +345,13 @@ class Program:
         spec = self._spec(op)
         if spec is None:
             return memory_plan.CONTROL
+        modifying = bool(spec.modifies and spec.modified_inputs(op))
+        if modifying and spec.returns_input and not spec.collective and len(op.outputs) == 1:
+            return memory_plan.ALIAS0          # its output is its (modified) input 0
+        if (spec.view or spec.alias) and not spec.writes_out and len(op.outputs) == 1:
+            return memory_plan.ALIAS0          # a view of input 0
         if (not spec.writes_out or spec.collective or getattr(fn, "no_out", False)
-                or (spec.modifies and spec.returns_input and spec.modified_inputs(op))
+                or (modifying and spec.returns_input)
                 or any(t in plan.copy_outputs for t in op.outputs)):
             return memory_plan.OTHER
         if spec.view or spec.alias:

@@ -16,20 +16,36 @@ one tensor returns it), so its outputs count as views of all its inputs for live
 A value may also take the buffer of an input that dies at its op (in place) when the kernel says
 that is safe (`inplace=True`: element-wise kernels whose output element i depends only on input
 elements i), the shapes and dtypes agree and the input is not read through a view afterwards.
+
+A called graph's outputs escape it, but their caller knows how long they live: a graph reports
+which outputs it can write into memory its caller provides (`MemoryPlan.output_roots`), and the
+caller plans that memory as its own values (`run(ctx, *inputs, out=...)`), so activations passed
+from a forward graph to its gradient graph, and gradients passed on to the optimiser, are not
+allocated in the steady state either.
+
+`POPXL_MEMORY_PLAN=0` turns the plan off (every kernel allocates its results, as before): for
+debugging and for comparing; the results are the same bits either way.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+import os
+
 import numpy as np
 
-from .._ir.records import GraphData, Op, TensorKind
+from .._ir.records import GraphData, Op
 
-__all__ = ["MemoryPlan", "plan_memory", "ALIGN", "CONTROL", "WRITES_OUT", "INPLACE", "VIEW_OUT",
-           "OTHER"]
+__all__ = ["MemoryPlan", "plan_memory", "enabled", "ALIGN", "CONTROL", "WRITES_OUT", "INPLACE",
+           "VIEW_OUT", "ALIAS0", "OTHER"]
 
 ALIGN = 64                 # byte alignment of every buffer (a cache line; SIMD loads)
+
+
+def enabled() -> bool:
+    """Whether compiled graphs plan their memory (`POPXL_MEMORY_PLAN=0` turns it off)."""
+    return os.environ.get("POPXL_MEMORY_PLAN", "").strip() != "0"
 
 
 @dataclass
@@ -46,6 +62,8 @@ class MemoryPlan:
         output_roots: per graph output, the (dtype, shape) of the memory a caller may provide
             for it (`run(..., out=...)`), or None (the graph allocates it).
         root_output: tensor id -> the output index whose provided memory it is written into.
+        output_alias: output index -> the output index whose provided memory it views (the
+            caller keeps that memory while either is alive).
     """
 
     graph: str = ""
@@ -56,6 +74,7 @@ class MemoryPlan:
     in_place: Set[str] = field(default_factory=set)
     output_roots: List[Optional[Tuple[np.dtype, Tuple[int, ...]]]] = field(default_factory=list)
     root_output: Dict[str, int] = field(default_factory=dict)
+    output_alias: Dict[int, int] = field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
@@ -123,6 +142,7 @@ CONTROL = "control"          # Call / Loop / If: outputs are fresh, never views 
 WRITES_OUT = "writes_out"    # accepts out=, outputs never alias inputs
 INPLACE = "inplace"          # writes_out, and out may be the buffer of a same-shaped input
 VIEW_OUT = "view_out"        # returns a view of input 0 when it can, else writes into out=
+ALIAS0 = "alias0"            # output 0 is input 0 or a view of it (in-place ops, views)
 OTHER = "other"              # anything else: outputs may be views of any input
 
 Layout = Tuple[np.dtype, Tuple[int, ...]]
@@ -133,11 +153,12 @@ def plan_memory(gd: GraphData, ops: Sequence[Op], kinds: Sequence[str], escaping
                 view_parent: Optional[Dict[str, str]] = None, copied_returns: Set[str] = frozenset(),
                 call_outs: Optional[Dict[int, Sequence[Optional[Layout]]]] = None,
                 in_place_inputs: Optional[Dict[int, Sequence[int]]] = None,
+                call_aliases: Optional[Dict[int, Dict[int, int]]] = None,
                 gid: str = "") -> MemoryPlan:
     """Plan the buffers of `ops` (a schedule of graph `gd`).
 
     Args:
-        kinds: per op, one of CONTROL, WRITES_OUT, INPLACE, VIEW_OUT, OTHER.
+        kinds: per op, one of CONTROL, WRITES_OUT, INPLACE, VIEW_OUT, ALIAS0, OTHER.
         escaping: tensor ids whose memory must outlive the graph run or is not the graph's:
             outputs, inputs, state, constants, host memory.
         copied: outputs the compiler copies after their kernel (views that became copies).
@@ -148,6 +169,8 @@ def plan_memory(gd: GraphData, ops: Sequence[Op], kinds: Sequence[str], escaping
             can be written into by the callee (None: the callee allocates it).
         in_place_inputs: per INPLACE op position, the inputs whose buffer its output may take
             (default: all).
+        call_aliases: per control-flow op position, {output index: output index whose memory
+            it views} (the callee's `output_alias`).
     """
     plan = MemoryPlan(graph=gid)
     classes = _Classes()
@@ -172,6 +195,8 @@ def plan_memory(gd: GraphData, ops: Sequence[Op], kinds: Sequence[str], escaping
                     plan.unplanned += 1
                 else:
                     candidates.append((pos, t, lay))
+            for j, j0 in ((call_aliases or {}).get(pos) or {}).items():
+                classes.union(op.outputs[j], op.outputs[j0])
             continue
         if kind == VIEW_OUT:
             t = op.outputs[0]
@@ -188,6 +213,10 @@ def plan_memory(gd: GraphData, ops: Sequence[Op], kinds: Sequence[str], escaping
                         pos, range(len(op.inputs))))
             continue
         plan.unplanned += len(op.outputs)
+        if kind == ALIAS0:
+            if op.outputs and op.inputs and op.outputs[0] not in copied:
+                classes.union(op.outputs[0], op.inputs[0])
+            continue
         for t in op.outputs:
             if t in copied:
                 continue
@@ -250,6 +279,7 @@ def _find_output_roots(plan: MemoryPlan, classes: _Classes, outputs: Sequence[st
     """Outputs whose memory a caller may provide: the output is (a view of) a value a
     `writes_out` kernel of this graph makes, and nothing else that escapes shares its memory."""
     plan.output_roots = [None] * len(outputs)
+    by_root: Dict[str, List[int]] = {}
     for j, t in enumerate(outputs):
         if t in copied_returns:
             continue
@@ -257,12 +287,16 @@ def _find_output_roots(plan: MemoryPlan, classes: _Classes, outputs: Sequence[st
         while r in view_parent:
             r = view_parent[r]
         lay = layouts.get(r)
-        if lay is None or not lay[1] or r in plan.root_output:
+        if lay is not None and lay[1]:
+            by_root.setdefault(r, []).append(j)
+    for r, js in by_root.items():
+        views = {outputs[j] for j in js}
+        if any(m in escaping and m not in views for m in members[classes.find(r)]):
             continue
-        if any(m in escaping and m != t for m in members[classes.find(r)]):
-            continue
-        plan.output_roots[j] = lay
-        plan.root_output[r] = j
+        plan.output_roots[js[0]] = layouts[r]
+        plan.root_output[r] = js[0]
+        for j in js[1:]:                   # other outputs viewing the same memory
+            plan.output_alias[j] = js[0]
 
 
 def _best_fit(free: List[int], sizes: List[int], need: int) -> int:

@@ -11,11 +11,16 @@ settings):
 * a BLAS library's own variable set by the user (`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`,
   `MKL_NUM_THREADS`, `BLIS_NUM_THREADS`) is respected as it is (every process of the job inherits
   it, so the bits still agree);
-* otherwise 1 thread per worker. The cores of a machine are divided among its workers by running
-  one worker (MPI rank, Ray actor, thread) per core, and the replicas of a worker in parallel
-  where cores are free; many small and medium products, as emulated programs have, gain nothing
-  from BLAS threads and lose a lot when several processes' threads share the cores (measured in
-  benchmarks/bench_transformer.py and README "Performance").
+* otherwise 1 thread per worker: the cores of a machine are shared by its workers (MPI ranks,
+  Ray actors, worker threads: one per core is the recommended layout), and the many small and
+  medium products of emulated programs gain little from BLAS threads but lose a lot when several
+  processes' BLAS threads share the cores (measured: benchmarks/bench_transformer.py, README
+  "Performance").
+
+OpenBLAS takes thread-count changes from a process's main thread only, so the count is set on
+the thread that drives the workers: the host's (local and worker-thread backends), each MPI
+rank's and Ray actor's own main thread (Ray actors also start with the count in their BLAS
+variables); worker threads nest inside that scope.
 """
 from __future__ import annotations
 
