@@ -26,7 +26,7 @@ def _ext16(typingctx, x):
     return types.float32(types.uint16), codegen
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _f32_to_f16(x, bits, out):
     """x (float32) with its bits (uint32 view) -> float16 bits; NaNs as NumPy converts them
     (payload kept, never made quiet)."""
@@ -48,7 +48,7 @@ def _bits(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _f16_to_f32(h, out_bits):
     """float16 bits -> float32 bits (NaNs keep their payload, as NumPy's cast; branch-free so
     that the loop vectorises)."""

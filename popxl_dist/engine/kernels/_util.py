@@ -52,8 +52,19 @@ _CONV: dict = {}
 _UNSET = object()
 
 
+def jit_loops():
+    """The compiled element-wise loops (`_jit_ew`) where the compiled converters are in use
+    (numba installed, allowed and checked), else None: kernels then run their NumPy passes."""
+    if _converters() is None:
+        return None
+    from . import _jit_ew
+
+    return _jit_ew
+
+
 def use_compiled_converters(flag: Optional[bool]) -> None:
-    """Force the NumPy converters (False), or re-detect the compiled ones (None): for tests."""
+    """Force the NumPy converters and loops (False), or re-detect the compiled ones (None):
+    for tests."""
     _CONV.clear()
     if flag is False:
         _CONV["fns"] = None

@@ -12,8 +12,8 @@ import numpy as np
 
 from ._blocks import (as_f32, contiguous_rows, elem_blocks, f32_work, out_array, row_blocks,
                       store)
-from ._util import (F16, F32, f16_into, from_f16, np_dtype, scratch, to_f16, via_f32,
-                    without_out)
+from ._util import (F16, F32, f16_into, from_f16, jit_loops, np_dtype, scratch, to_f16,
+                    via_f32, without_out)
 from .registry import kernel
 
 _K = np.float32(np.sqrt(2.0 / np.pi))
@@ -113,11 +113,40 @@ def _fusable(ins, outs) -> bool:
     return all(np_dtype(t) in (F16, F32) for t in list(ins) + list(outs))
 
 
+def _gelu_block_jit(x: np.ndarray, y: np.ndarray) -> None:
+    """`_gelu_block` with its passes around tanh compiled (the same operations: same bits)."""
+    jit = jit_loops() if x.size >= 4096 else None
+    if jit is None:
+        if y.ctypes.data == x.ctypes.data:
+            t = scratch("ew_out", x.size)
+            _gelu_block(x, t)
+            y[...] = t
+        else:
+            _gelu_block(x, y)
+        return
+    u = scratch("gelu_u", x.size)
+    jit.gelu_inner(x, u)
+    np.tanh(u, out=u)
+    jit.gelu_outer(x, u, y)
+
+
+def _gelu_grad_block_jit(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
+    jit = jit_loops() if x.size >= 4096 else None
+    if jit is None:
+        _gelu_grad_block(dy, x, g)
+        return
+    x2 = scratch("gelu_x2", x.size)
+    u = scratch("gelu_th", x.size)
+    jit.gelu_grad_inner(x, x2, u)
+    np.tanh(u, out=u)
+    jit.gelu_grad_outer(dy, x, x2, u, g)
+
+
 @kernel("Gelu", writes_out=True, inplace=True)
 def _gelu(attrs, ins, outs):
     if not _fusable(ins, outs):
         return without_out(via_f32(gelu_tanh, np_dtype(outs[0])))
-    return _elementwise(_gelu_block, np_dtype(outs[0]), outs[0].shape)
+    return _elementwise(_gelu_block_jit, np_dtype(outs[0]), outs[0].shape, may_alias=True)
 
 
 @kernel("GeluInplace", modifies=(0,))
@@ -134,7 +163,7 @@ def _gelu_inplace(attrs, ins, outs):
 def _gelu_grad(attrs, ins, outs):
     if not _fusable(ins, outs):
         return without_out(via_f32(gelu_tanh_grad, np_dtype(outs[0])))
-    return _elementwise(_gelu_grad_block, np_dtype(outs[0]), outs[0].shape, may_alias=True)
+    return _elementwise(_gelu_grad_block_jit, np_dtype(outs[0]), outs[0].shape, may_alias=True)
 
 
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:

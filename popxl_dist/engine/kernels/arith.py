@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import (F16, F32, blocks, cast, cast_into, flat, from_f16, np_dtype, scalar,
-                    scratch, to_f16, ufunc_out, via_f32, without_out)
+from ._util import (F16, F32, blocks, cast, cast_into, flat, from_f16, jit_loops, np_dtype,
+                    scalar, scratch, to_f16, ufunc_out, via_f32, without_out)
 from ._blocks import as_f32, binary_f32, store
 from .registry import kernel
 
@@ -138,6 +138,10 @@ def _scaled_add_inplace(attrs, ins, outs):
             def run_fast(x, y):
                 if y.dtype == out and y.shape == x.shape and x.flags.c_contiguous:
                     xf, yf = flat(x), flat(np.ascontiguousarray(y))
+                    jit = jit_loops() if out == F32 and xf.size >= 4096 else None
+                    if jit is not None:
+                        jit.axpy(xf, yf, b)             # x += b * y, one compiled pass
+                        return x
                     for lo, hi in blocks(xf.size):     # x += b * y, in cache
                         yb = scratch("scaled_add_y", hi - lo, out)
                         np.multiply(b, yf[lo:hi], out=yb)

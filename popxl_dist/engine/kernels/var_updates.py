@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import (F16, F32, blocks, cast, f16_into, flat, np_dtype, round_f16, scalar,
-                    scratch, to_f16)
+from ._util import (F16, F32, blocks, cast, f16_into, flat, jit_loops, np_dtype, round_f16,
+                    scalar, scratch, to_f16)
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -118,6 +118,11 @@ def _accumulate_kernel(attrs, ins, outs):
             if not (t.flags.c_contiguous and x.shape == t.shape):
                 return run(t, x, *extra)
             tf, xf = flat(t), flat(np.ascontiguousarray(x))
+            jit = jit_loops() if tf.size >= 4096 else None
+            if jit is not None and t_dt == F32 and x_dt == F32:      # one compiled pass
+                jit.moving_average(tf, xf, cdt.type(1) if a is None else a, b, square,
+                                   a is not None)
+                return t
             for lo, hi in blocks(tf.size):
                 n = hi - lo
                 xv = scratch("acc_x", n)
@@ -238,6 +243,15 @@ def _updater_factory(attrs, ins, outs):
         w_all = flat(args[0]) if has_w and wd != 0 else None
         res = np.empty(shape, out_dt) if out is None else out
         out_f = flat(res)
+        jit = jit_loops() if fused and out_f.size >= 4096 else None
+        if (jit is not None and dm is not None and dv is not None and mode != "adamax"
+                and all(a.dtype == F32 for a in (m_all, v_all, out_f))
+                and (w_all is None or w_all.dtype == F32)):
+            if w_all is None:
+                jit.adam_update(m_all, v_all, out_f, dm, dv, eps)
+            else:
+                jit.adam_update_wd(m_all, v_all, w_all, out_f, dm, dv, eps, F32.type(wd))
+            return res
         # m / dm / (sqrt(v / dv) + eps) + wd * w, block by block (the same operations as on
         # whole arrays: element-wise)
         for lo, hi in blocks(out_f.size, True):
