@@ -124,11 +124,11 @@ class _Classes:
         self.parent: Dict[str, str] = {}
 
     def find(self, t: str) -> str:
-        p = self.parent.get(t, t)
-        if p == t:
-            return t
-        root = self.find(p)
-        self.parent[t] = root
+        root = t
+        while self.parent.get(root, root) != root:
+            root = self.parent[root]
+        while t != root:                       # path compression
+            self.parent[t], t = root, self.parent[t]
         return root
 
     def union(self, a: str, b: str) -> None:
