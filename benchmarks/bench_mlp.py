@@ -290,14 +290,11 @@ def main(argv: List[str] = None) -> None:
         print(TAG + json.dumps(run_one(args.run, args.batch, args.steps, args.addons)),
               flush=True)
         return
-    try:
-        import torch
+    import importlib.util
+    from importlib.metadata import version
 
-        have_torch = True
-        torch_info = f"torch {torch.__version__}"
-    except ImportError:
-        have_torch = False
-        torch_info = "torch not installed"
+    have_torch = importlib.util.find_spec("torch") is not None   # imported by its contender only
+    torch_info = f"torch {version('torch')}" if have_torch else "torch not installed"
     load = os.getloadavg()
     print(f"MLP {'-'.join(map(str, SIZES))}, GELU, softmax CE, SGD; {args.steps} steps x "
           f"{args.rounds} rounds, each contender a fresh process, alternating; 1 BLAS thread; "

@@ -338,7 +338,20 @@ def measure(step, steps: int) -> Dict[str, Any]:
     return {"cpu_step_ms": 1e3 * cpu / steps, "wall_step_ms": 1e3 * (w1 - w0) / steps,
             "sys_step_ms": 1e3 * (ru1.ru_stime - ru0.ru_stime) / steps,
             "minflt_step": (ru1.ru_minflt - ru0.ru_minflt) / steps,
-            "peak_rss_mb": ru1.ru_maxrss / 1024, "losses": losses[:3]}
+            "peak_rss_mb": peak_rss_mb(), "losses": losses[:3]}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory. Linux's `ru_maxrss` keeps the forked parent's peak
+    across exec, so read VmHWM (reset by exec) where there is one."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def compile_only(args, cfg) -> Dict[str, Any]:
@@ -352,8 +365,7 @@ def compile_only(args, cfg) -> Dict[str, Any]:
     t2, c2 = time.perf_counter(), time.process_time()
     del sess
     return {"build_s": c1 - c0, "session_s": c2 - c1, "compile_s": c2 - c0,
-            "compile_wall_s": t2 - t0,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "compile_wall_s": t2 - t0, "peak_rss_mb": peak_rss_mb()}
 
 
 # --- orchestration -----------------------------------------------------------------------------
@@ -408,11 +420,11 @@ def launch_popxl_dp(size: str, steps: int) -> Dict[str, Any]:
 
 
 def have_torch() -> bool:
-    try:
-        import torch  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    """Whether torch is installed (not imported here: the contenders run in their own
+    processes)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 def med(recs: List[Dict[str, Any]], key: str) -> float:
@@ -542,8 +554,10 @@ def main(argv: Optional[List[str]] = None) -> None:
             emit(rec)
         return
     torch_ok = have_torch()
+    from importlib.metadata import version
+
     print(f"bench_transformer: numpy {np.__version__}, "
-          f"{'torch ' + __import__('torch').__version__ if torch_ok else 'torch not installed'}; "
+          f"{'torch ' + version('torch') if torch_ok else 'torch not installed'}; "
           f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f}; {os.cpu_count()} cores")
     if "step" in args.parts:

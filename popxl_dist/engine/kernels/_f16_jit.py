@@ -29,15 +29,19 @@ def _ext16(typingctx, x):
 @njit(nogil=True, cache=True, error_model="numpy")
 def _f32_to_f16(x, bits, out):
     """x (float32) with its bits (uint32 view) -> float16 bits; NaNs as NumPy converts them
-    (payload kept, never made quiet)."""
+    (payload kept, never made quiet): a second pass, only when there is a NaN."""
+    top = _U32(0)
     for i in range(x.size):
-        b = bits[i]
-        a = b & _U32(0x7FFFFFFF)
-        nan = _U32(0x7C00) | ((a & _U32(0x7FFFFF)) >> _U32(13))
-        nan = _U32(0x7C01) if nan == _U32(0x7C00) else nan
-        nan = nan | ((b >> _U32(16)) & _U32(0x8000))
-        h = _trunc16(x[i])
-        out[i] = _U16(nan) if a > _U32(0x7F800000) else h
+        out[i] = _trunc16(x[i])
+        top = max(top, bits[i] & _U32(0x7FFFFFFF))
+    if top > _U32(0x7F800000):
+        for i in range(x.size):
+            b = bits[i]
+            a = b & _U32(0x7FFFFFFF)
+            if a > _U32(0x7F800000):
+                nan = _U32(0x7C00) | ((a & _U32(0x7FFFFF)) >> _U32(13))
+                nan = _U32(0x7C01) if nan == _U32(0x7C00) else nan
+                out[i] = _U16(nan | ((b >> _U32(16)) & _U32(0x8000)))
 
 
 @intrinsic
@@ -50,14 +54,19 @@ def _bits(typingctx, x):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _f16_to_f32(h, out_bits):
-    """float16 bits -> float32 bits (NaNs keep their payload, as NumPy's cast; branch-free so
-    that the loop vectorises)."""
+    """float16 bits -> float32 bits (NaNs keep their payload, as NumPy's cast: a second pass,
+    only when there is a NaN)."""
+    top = _U16(0)
     for i in range(h.size):
         x = h[i]
-        w = _U32(x)
-        nan = ((w & _U32(0x8000)) << _U32(16)) | _U32(0x7F800000) | ((w & _U32(0x3FF)) << _U32(13))
-        is_nan = (w & _U32(0x7FFF)) > _U32(0x7C00)
-        out_bits[i] = nan if is_nan else _bits(_ext16(x))
+        out_bits[i] = _bits(_ext16(x))
+        top = max(top, x & _U16(0x7FFF))
+    if top > _U16(0x7C00):
+        for i in range(h.size):
+            w = _U32(h[i])
+            if (w & _U32(0x7FFF)) > _U32(0x7C00):
+                out_bits[i] = ((w & _U32(0x8000)) << _U32(16)) | _U32(0x7F800000) | \
+                    ((w & _U32(0x3FF)) << _U32(13))
 
 
 def to16(x: np.ndarray, out: np.ndarray) -> None:
