@@ -63,12 +63,30 @@ class DotTree(Generic[LEAF]):
         the tree unchanged.
         """
         key = _norm_key(key)
-        for part in key.split("."):
+        parts = key.split(".")
+        for part in parts:
             _check_part(part, key)
-        # Dry run on a copy so that a failure rolls back, then insert in place (in place keeps
+        # Check first so that a failure changes nothing, then insert in place (in place keeps
         # sub-trees shared with sub-modules).
-        self.copy()._insert(key.split("."), key, value, overwrite)
-        self._insert(key.split("."), key, value, overwrite)
+        self._check_insert(parts, key, value, overwrite)
+        self._insert(parts, key, value, overwrite)
+
+    def _check_insert(self, parts: List[str], key: str, value: Any, overwrite: bool) -> None:
+        """Raise what `_insert` would raise, without changing anything."""
+        node: DotTree = self
+        for i, head in enumerate(parts):
+            last = i == len(parts) - 1
+            if head not in node._map:
+                return                            # new sub-trees below: nothing to clash with
+            old = node._map[head]
+            if not last:
+                if not isinstance(old, DotTree):
+                    raise ValueError(f"'{key}' already exists: '{head}' is a leaf")
+                node = old
+                continue
+            if not overwrite and not (isinstance(old, DotTree) and isinstance(value, DotTree)
+                                      and old.len_flat() == 0):
+                raise ValueError(f"'{key}' already exists")
 
     def _insert(self, parts: List[str], key: str, value: Any, overwrite: bool) -> None:
         head = parts[0]

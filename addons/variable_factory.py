@@ -16,7 +16,7 @@ import numpy as np
 import popdist
 import popxl
 from popxl import ops
-from popxl.utils import to_numpy
+from popxl.utils import downcast_np_dtypes, to_numpy
 
 from .dot_tree import DotTree
 from .named_replica_grouping import NamedReplicaGrouping
@@ -33,6 +33,14 @@ host_scalar_tensor_types = (float, int, bool, np.number, np.bool_, np.ndarray)
 
 def _is_host_data(x: Any) -> bool:
     return isinstance(x, host_scalar_tensor_types) or type(x).__module__.startswith("torch")
+
+
+def _shape_and_dtype(data: Any) -> Tuple[Tuple[int, ...], np.dtype]:
+    """Shape and (downcast) NumPy dtype of host data, without converting a whole array."""
+    if isinstance(data, np.ndarray):
+        return tuple(data.shape), downcast_np_dtypes.get(data.dtype, data.dtype)
+    arr = to_numpy(data, None, downcast=True, copy=False)
+    return tuple(arr.shape), arr.dtype
 
 
 class VariableFactory:
@@ -70,14 +78,14 @@ class VariableFactory:
         if not _is_host_data(data):
             raise ValueError(f"`data_iter` must yield NumPy arrays, torch tensors or Python "
                              f"scalars. Type: {type(data)}")
-        arr = to_numpy(data, None, downcast=True, copy=False)
+        shape, np_dt = _shape_and_dtype(data)
         self.dtype = popxl.dtype.as_dtype(dtype) if dtype is not None else \
-            popxl.dtype.as_dtype(arr.dtype)
+            popxl.dtype.as_dtype(np_dt)
         self.name = name
         self.by_ref = by_ref
         self.shard_over = int(shard_over)
         self.replica_sharded = self.shard_over > 1
-        full = tuple(arr.shape)
+        full = shape
         if self.replica_sharded:
             n = int(np.prod(full))
             self.meta_shape: Tuple[int, ...] = full

@@ -1,10 +1,14 @@
 """Training-step speed of the seed tutorial's MLP on the emulator, against the same step written by
-hand in NumPy and against PyTorch eager (when installed), measured alternately in one run.
+hand in NumPy and against PyTorch eager (when installed).
 
 MLP 784-512-512-512-10, GELU (tanh), softmax cross entropy, SGD (lr 0.05), random inputs.
-Prints steps/s (median over rounds) and ratios, plus the Session compile time.
+Each contender runs in a fresh process (1 BLAS / OpenMP thread, default malloc), the contenders
+alternate round by round; prints steps/s (median over rounds) and ratios, plus the Session
+compile time. (In one process, torch's OpenMP threads and allocator settings slow the emulator
+down: measured 746 -> 250 steps/s at batch 8.)
 
-    python benchmarks/bench_mlp.py [--steps 100] [--rounds 5] [--batch-sizes 8 128] [--addons]
+    python benchmarks/bench_mlp.py [--steps 300] [--rounds 5] [--batch-sizes 8 128] [--addons]
+    python benchmarks/bench_mlp.py --run emulator --batch 8     # one contender, one JSON line
 """
 from __future__ import annotations
 
@@ -217,49 +221,110 @@ def measure(step: Callable, data, steps: int) -> float:
     return steps / (time.perf_counter() - t0)
 
 
+TAG = "BENCH_JSON "
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
+               "MALLOC_TOP_PAD_", "LD_PRELOAD")
+
+
+def make_data(batch: int):
+    rng = np.random.default_rng(0)
+    return [(rng.normal(size=(batch, 28, 28)).astype(np.float32),
+             rng.integers(0, 10, batch).astype(np.int32)) for _ in range(16)]
+
+
+def run_one(name: str, batch: int, steps: int, addons: bool) -> dict:
+    """One contender in this process: warm-up, then `steps` timed steps."""
+    data = make_data(batch)
+    weights = init_weights()
+    build_s = compile_s = 0.0
+    if name == "emulator":
+        step, (build_s, compile_s) = popxl_stepper(batch, weights, addons)
+    elif name == "numpy":
+        step = numpy_stepper(weights)
+    else:
+        import torch
+
+        torch.set_num_threads(1)
+        step = torch_stepper(weights)
+    first = float(step(*data[0]))
+    for i in range(1, 11):
+        step(*data[i % len(data)])
+    rate = measure(step, data, steps)
+    return {"steps_per_s": rate, "first_loss": first, "build_s": build_s,
+            "compile_s": compile_s}
+
+
+def launch(name: str, batch: int, steps: int, addons: bool) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in MALLOC_VARS}
+    env.update(ONE_THREAD)
+    env.pop("POPXL_BACKEND", None)
+    env.pop("POPXL_WORKERS", None)
+    cmd = [sys.executable, os.path.abspath(__file__), "--run", name, "--batch", str(batch),
+           "--steps", str(steps)] + (["--addons"] if addons else [])
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    for line in res.stdout.splitlines():
+        if line.startswith(TAG):
+            return json.loads(line[len(TAG):])
+    raise RuntimeError(f"{name} failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+
+
 def main(argv: List[str] = None) -> None:
+    import json
+    import os
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=100, help="steps per implementation per round")
+    p.add_argument("--steps", type=int, default=300, help="timed steps per contender per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 128])
     p.add_argument("--addons", action="store_true", help="build the program with popxl_addons")
+    p.add_argument("--run", choices=["emulator", "numpy", "torch"], help="worker mode")
+    p.add_argument("--batch", type=int, default=8)
     args = p.parse_args(argv)
-    try:
-        import torch
+    if args.run:
+        print(TAG + json.dumps(run_one(args.run, args.batch, args.steps, args.addons)),
+              flush=True)
+        return
+    import importlib.util
+    from importlib.metadata import version
 
-        have_torch = True
-        torch_info = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
-    except ImportError:
-        have_torch = False
-        torch_info = "torch not installed"
+    have_torch = importlib.util.find_spec("torch") is not None   # imported by its contender only
+    torch_info = f"torch {version('torch')}" if have_torch else "torch not installed"
+    load = os.getloadavg()
     print(f"MLP {'-'.join(map(str, SIZES))}, GELU, softmax CE, SGD; {args.steps} steps x "
-          f"{args.rounds} rounds, alternating; numpy {np.__version__}; {torch_info}; "
-          f"program built with {'popxl_addons' if args.addons else 'plain popxl'}")
-    rng = np.random.default_rng(0)
+          f"{args.rounds} rounds, each contender a fresh process, alternating; 1 BLAS thread; "
+          f"numpy {np.__version__}; {torch_info}; program built with "
+          f"{'popxl_addons' if args.addons else 'plain popxl'}; load average "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    names = ["emulator", "numpy"] + (["torch"] if have_torch else [])
     for batch in args.batch_sizes:
-        data = [(rng.normal(size=(batch, 28, 28)).astype(np.float32),
-                 rng.integers(0, 10, batch).astype(np.int32)) for _ in range(16)]
-        weights = init_weights()
-        emu, (build_s, compile_s) = popxl_stepper(batch, weights, args.addons)
-        impls: Dict[str, Callable] = {"emulator": emu, "numpy": numpy_stepper(weights)}
-        if have_torch:
-            impls["torch"] = torch_stepper(weights)
-        # same weights, same data: the first losses agree
-        first = {k: float(f(*data[0])) for k, f in impls.items()}
-        rates: Dict[str, List[float]] = {k: [] for k in impls}
-        for _ in range(args.rounds):
-            for name, step in impls.items():
-                rates[name].append(measure(step, data, args.steps))
-        med = {k: statistics.median(v) for k, v in rates.items()}
-        print(f"\nbatch {batch}: build {build_s * 1e3:.0f} ms, Session compile "
-              f"{compile_s * 1e3:.0f} ms; first-step loss "
-              + ", ".join(f"{k} {v:.5f}" for k, v in first.items()))
-        for k in impls:
-            spread = f"[{min(rates[k]):.0f}-{max(rates[k]):.0f}]"
-            print(f"  {k:9s} {med[k]:8.1f} steps/s  (median of {args.rounds}, range {spread})")
+        recs: Dict[str, List[dict]] = {k: [] for k in names}
+        for rnd in range(args.rounds):
+            order = names if rnd % 2 == 0 else names[::-1]
+            for name in order:
+                recs[name].append(launch(name, batch, args.steps, args.addons))
+        med = {k: statistics.median(r["steps_per_s"] for r in v) for k, v in recs.items()}
+        emu = recs["emulator"][0]
+        print(f"\nbatch {batch}: build {emu['build_s'] * 1e3:.0f} ms, Session compile "
+              f"{emu['compile_s'] * 1e3:.0f} ms; first-step loss "
+              + ", ".join(f"{k} {v[0]['first_loss']:.5f}" for k, v in recs.items()))
+        for k in names:
+            rates = [r["steps_per_s"] for r in recs[k]]
+            print(f"  {k:9s} {med[k]:8.1f} steps/s  (median of {args.rounds}, range "
+                  f"[{min(rates):.0f}-{max(rates):.0f}])")
         print(f"  emulator / numpy = {med['emulator'] / med['numpy']:.2f}x")
         if have_torch:
-            print(f"  emulator / torch = {med['emulator'] / med['torch']:.2f}x")
+            same = [e["steps_per_s"] / t["steps_per_s"]
+                    for e, t in zip(recs["emulator"], recs["torch"])]
+            print(f"  emulator / torch = {med['emulator'] / med['torch']:.2f}x (same-round "
+                  f"{', '.join(f'{r:.2f}' for r in same)})")
+    load = os.getloadavg()
+    print(f"\nload average at the end: {load[0]:.2f}")
 
 
 if __name__ == "__main__":

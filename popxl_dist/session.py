@@ -55,13 +55,15 @@ def _device_name(device) -> str:
 
 def _initial_host_value(info, n_replicas: int) -> np.ndarray:
     """A variable's host buffer before the first sync, in its `shape_on_host` layout: the initial
-    data, expanded to one value per replica for `all_replicas` retrieval with group_size > 1."""
+    data, expanded to one value per replica for `all_replicas` retrieval with group_size > 1.
+    The IR's own array is shared, not copied: host buffers are replaced, never written in place
+    (memmaps aside), and `get_tensor_data` returns read-only views."""
     if isinstance(info.data, np.memmap):
         return info.data            # shared, not copied (write_weights accepts the group layout)
     rg = info.extra.get("replica_grouping")
     group_size = n_replicas if rg is None else rg.group_size
     if info.extra.get("retrieval_mode") != "all_replicas" or group_size == 1:
-        return np.array(info.data, copy=True)
+        return info.data
     if rg is not None and rg.num_groups > 1:
         return np.ascontiguousarray(info.data[rg.assignment])
     return np.repeat(info.data[np.newaxis], n_replicas, axis=0)

@@ -56,13 +56,14 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     elif type(x).__module__.startswith("torch"):
         arr = x.detach().cpu().numpy()
     else:
-        arr = np.array(x, copy=copy) if copy else np.asarray(x)
-    if dtype is not None:
-        want = dtype.as_numpy()
-        if arr.dtype != want:
-            arr = arr.astype(want)
-    elif downcast and arr.dtype in _DOWNCAST:
-        arr = arr.astype(_DOWNCAST[arr.dtype])
+        arr = np.asarray(x)
+    want = dtype.as_numpy() if dtype is not None else \
+        _DOWNCAST.get(arr.dtype) if downcast else None
+    if want is not None and arr.dtype != want:
+        return arr.astype(want)        # a new array: no copy needed before it
+    if (copy and isinstance(x, np.ndarray) and not isinstance(x, np.memmap)
+            and np.may_share_memory(arr, x)):
+        return np.array(arr, copy=True)
     return arr
 
 

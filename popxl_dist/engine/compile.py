@@ -19,7 +19,9 @@ import numpy as np
 from .._ir.records import GraphData, IrData, Op, TensorKind
 from ..errors import EngineError
 from .kernels import load_all
-from .kernels.registry import CONTROL_FLOW_TYPES, KernelSpec, spec_of
+from . import memory_plan
+from .kernels.registry import CONTROL_FLOW_TYPES, KERNELS, KernelSpec, spec_of
+from .memory_plan import MemoryPlan, plan_memory
 
 __all__ = ["Program", "CompiledGraph", "CompileEnv", "CollectiveStep", "stream_slots"]
 
@@ -84,13 +86,14 @@ def _reshape_sync_lines(plan: "_AliasPlan", pos: int, name_of: Callable[[str], s
 
 
 class CompiledGraph:
-    """One graph compiled: `run(ctx, *inputs) -> tuple(outputs)` plus its aliasing summary.
+    """One graph compiled: `run(ctx, *inputs) -> tuple(outputs)` plus its aliasing summary and
+    its memory plan (`memory_plan`, see engine/memory_plan.py).
 
     With `has_collectives`, `run` is a generator function (see `CollectiveStep`)."""
 
     def __init__(self, gid: str, run: Callable, modified_inputs: Set[int],
                  has_collectives: bool, ops: List[Op], line_to_op: Dict[int, Op], filename: str,
-                 source: str):
+                 source: str, memory_plan: Optional[MemoryPlan] = None):
         self.gid = gid
         self.run = run
         self.modified_inputs = modified_inputs
@@ -99,6 +102,7 @@ class CompiledGraph:
         self.line_to_op = line_to_op
         self.filename = filename
         self.source = source
+        self.memory_plan = memory_plan or MemoryPlan(graph=gid)
 
 
 class Program:
@@ -251,38 +255,53 @@ class Program:
                 lines.append(f"    {name_of(t)} = {cname}{copy}")
         last_use = plan.last_use
         has_collectives = self._ops_have_collectives(ops)
+        fns = [self._kernel_fn(gd, op) for op in ops]
+        call_outs = {pos: self.graph(op.called[0]).memory_plan.output_roots
+                     for pos, op in enumerate(ops) if op.type == "Call"}
+        call_aliases = {pos: self.graph(op.called[0]).memory_plan.output_alias
+                        for pos, op in enumerate(ops) if op.type == "Call"}
+        kinds = [self._plan_kind(op, fn, plan) for op, fn in zip(ops, fns)]
+        if not memory_plan.enabled():
+            kinds = [k if k in (memory_plan.CONTROL, memory_plan.ALIAS0) else memory_plan.OTHER
+                     for k in kinds]
+        in_place_inputs = {pos: KERNELS[op.type].inplace for pos, op in enumerate(ops)
+                           if kinds[pos] == memory_plan.INPLACE
+                           and KERNELS[op.type].inplace is not True}
+        mplan = plan_memory(gd, ops, kinds,
+                            self._escaping(gd, ops, input_ids, output_ids, plan, is_main),
+                            plan.copy_outputs, output_ids, plan.parent, plan.copy_returns,
+                            call_outs, in_place_inputs, call_aliases, gd.id,
+                            uses_after=plan.last_use)
+        if mplan.slot:
+            glob["_views"] = _views_getter(mplan)
+            lines.append("    B = _views(ctx)")
+        if mplan.root_output:
+            lines[0] = lines[0][:-2] + ", out=None):"
+            glob["_NO_OUT"] = (None,) * len(output_ids)
+            lines.append("    O = _NO_OUT if out is None else out")
         for pos, op in enumerate(ops):
             spec = self._spec(op)
             ins = [name_of(t) for t in op.inputs]
             outs = [name_of(t) for t in op.outputs]
             kname = f"K{pos}"
+            fn = fns[pos]
             if spec is None:
                 writes, copies, coll = self._callee_effects(op)
                 call_args = [f"{a}.copy()" if i in copies else a for i, a in enumerate(ins)]
-                glob[kname] = self._control_flow_fn(op)
+                if _has_out(op, mplan):
+                    call_args.append(_out_arg(op, mplan))
+                glob[kname] = fn
                 call = f"{kname}(ctx{''.join(', ' + a for a in call_args)})"
                 if coll:
                     call = f"(yield from {call})"
             elif spec.collective:
-                try:
-                    fn = spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
-                                      [gd.tensors[t] for t in op.outputs])
-                except (NotImplementedError, ValueError, TypeError) as e:
-                    raise type(e)(f"{op.describe()}: {e}") from e
                 glob[kname] = CollectiveStep(fn, op)
                 call = f"(yield ({kname}, ({''.join(a + ', ' for a in ins)})))"
             else:
-                try:
-                    fn = (spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
-                                       [gd.tensors[t] for t in op.outputs], self.env)
-                          if spec.context else
-                          spec.factory(op.attrs, [gd.tensors[t] for t in op.inputs],
-                                       [gd.tensors[t] for t in op.outputs]))
-                except (NotImplementedError, ValueError, TypeError) as e:
-                    raise type(e)(f"{op.describe()}: {e}") from e
                 glob[kname] = fn
                 prefix = "ctx, " if spec.context else ""
-                call = f"{kname}({prefix}{', '.join(ins)})"
+                args = ins + ([_out_arg(op, mplan)] if _has_out(op, mplan) else [])
+                call = f"{kname}({prefix}{', '.join(args)})"
             if (spec is not None and len(op.outputs) == 1 and not spec.collective
                     and not spec.modifies and gd.tensors[op.outputs[0]].shape == ()):
                 # NumPy gives scalars for 0-d results; keep arrays so in-place ops can follow.
@@ -317,9 +336,55 @@ class Program:
         code = compile(source, filename, "exec")
         exec(code, glob)
         cg = CompiledGraph(gd.id, glob["run"], plan.modified_inputs, has_collectives, ops,
-                           line_to_op, filename, source)
+                           line_to_op, filename, source, mplan)
         self._by_filename[filename] = cg
         return cg
+
+    def _kernel_fn(self, gd: GraphData, op: Op) -> Callable:
+        """The bound callable of one op: its kernel, collective step function or callee."""
+        spec = self._spec(op)
+        if spec is None:
+            return self._control_flow_fn(op)
+        ins = [gd.tensors[t] for t in op.inputs]
+        outs = [gd.tensors[t] for t in op.outputs]
+        try:
+            if spec.collective:
+                return spec.factory(op.attrs, ins, outs)
+            if spec.context:
+                return spec.factory(op.attrs, ins, outs, self.env)
+            return spec.factory(op.attrs, ins, outs)
+        except (NotImplementedError, ValueError, TypeError) as e:
+            raise type(e)(f"{op.describe()}: {e}") from e
+
+    def _plan_kind(self, op: Op, fn: Callable, plan: "_AliasPlan") -> str:
+        spec = self._spec(op)
+        if spec is None:
+            return memory_plan.CONTROL
+        modifying = bool(spec.modifies and spec.modified_inputs(op))
+        if modifying and spec.returns_input and not spec.collective and len(op.outputs) == 1:
+            return memory_plan.ALIAS0          # its output is its (modified) input 0
+        if (spec.view or spec.alias) and not spec.writes_out and len(op.outputs) == 1:
+            return memory_plan.ALIAS0          # a view of input 0
+        if (not spec.writes_out or spec.collective or getattr(fn, "no_out", False)
+                or (modifying and spec.returns_input)
+                or any(t in plan.copy_outputs for t in op.outputs)):
+            return memory_plan.OTHER
+        if spec.view or spec.alias:
+            return memory_plan.VIEW_OUT if spec.view and len(op.outputs) == 1 else memory_plan.OTHER
+        return memory_plan.INPLACE if spec.inplace else memory_plan.WRITES_OUT
+
+    def _escaping(self, gd: GraphData, ops: List[Op], input_ids: List[str],
+                  output_ids: List[str], plan: "_AliasPlan", is_main: bool) -> Set[str]:
+        """Tensors whose memory is not the graph run's own: inputs, outputs, state, constants."""
+        esc = set(input_ids) | set(output_ids) | plan.keep_alive
+        for op in ops:
+            for t in op.inputs + op.outputs:
+                info = gd.tensors.get(t)
+                if info is not None and info.kind in (TensorKind.CONSTANT, TensorKind.VARIABLE):
+                    esc.add(t)
+        if is_main:
+            esc |= set(self.state_ids)
+        return esc
 
     def _control_flow_fn(self, op: Op) -> Callable:
         if op.type == "Call":
@@ -372,6 +437,40 @@ class Program:
 # In-place alias kernels that return a copy when NumPy cannot make the view (see
 # `_AliasPlan._plan_reshape_syncs`); the other alias kernels (transpose_, slice_) always view.
 _ALIASES_THAT_MAY_COPY = frozenset({"ReshapeInplace"})
+
+
+def _has_out(op: Op, mplan: MemoryPlan) -> bool:
+    return any(t in mplan.slot or t in mplan.root_output for t in op.outputs)
+
+
+def _out_arg(op: Op, mplan: MemoryPlan) -> str:
+    """The `out=` argument of an op with planned outputs: its buffer in the plan (`B[i]`), the
+    memory the caller provides for a graph output (`O[j]`, None when the caller gives none)."""
+    where = []
+    for t in op.outputs:
+        if t in mplan.slot:
+            where.append(f"B[{mplan.slot[t]}]")
+        elif t in mplan.root_output:
+            where.append(f"O[{mplan.root_output[t]}]")
+        else:
+            where.append("None")
+    if len(where) == 1 and op.type not in CONTROL_FLOW_TYPES:
+        return f"out={where[0]}"
+    return "out=(" + "".join(w + ", " for w in where) + ")"
+
+
+def _views_getter(mplan: MemoryPlan) -> Callable:
+    """`views(ctx)`: the plan's buffers of replica context `ctx`, allocated on first use."""
+    key = object()
+
+    def views(ctx):
+        bufs = ctx.buffers
+        v = bufs.get(key)
+        if v is None:
+            v = bufs[key] = mplan.views()
+        return v
+
+    return views
 
 
 class _AliasPlan:
@@ -432,43 +531,57 @@ class _AliasPlan:
                 t = parent[t]
             return t
 
-        def descendants(v: str, members: Set[str]) -> Set[str]:
-            side = {v}
-            changed = True
-            while changed:
-                changed = False
-                for m in members:
-                    if m not in side and parent.get(m) in side:
-                        side.add(m)
-                        changed = True
+        children: Dict[str, Set[str]] = defaultdict(set)
+        for c, p in parent.items():
+            children[p].add(c)
+
+        def subtree(v: str) -> Set[str]:
+            """v and every tensor that views it, directly or through other views."""
+            side, todo = {v}, [v]
+            while todo:
+                for c in children.get(todo.pop(), ()):
+                    if c not in side:
+                        side.add(c)
+                        todo.append(c)
             return side
 
-        def read_after(side: Set[str], p: int) -> bool:
-            for m in side:
-                if m in infinite_reads:
-                    return True
-                if any(r > p for r in reads.get(m, ())):
-                    return True
-            return False
+        last_read = {t: max(ps) for t, ps in reads.items()}
+        mods_of: Dict[str, List[int]] = defaultdict(list)
+        for p, mt in mods:
+            mods_of[mt].append(p)
 
-        # Out-of-place views, in creation order: copy when a later write is observable.
-        all_tensors = set(parent) | set(parent.values())
+        def read_after(side: Set[str], p: int) -> bool:
+            return any(m in infinite_reads or last_read.get(m, -1) > p for m in side)
+
+        # Out-of-place views, in creation order: copy when a later write to one side of the
+        # view (the view and its own views, or the rest of its tree) is observable on the other.
         for v in sorted(view_edge, key=view_edge.get):
             i = view_edge[v]
-            r = root(v)
-            members = {m for m in all_tensors if root(m) == r}
-            v_side = descendants(v, members)
+            members = subtree(root(v))
+            v_side = subtree(v)
             u_side = members - v_side
-            for p, mt in mods:
-                if p <= i or root(mt) != r:
-                    continue
-                other = u_side if mt in v_side else v_side
-                if read_after(other, p):
-                    self.copy_outputs.add(v)
-                    del parent[v]          # v now owns its memory
-                    break
+            if any(p > i and read_after(u_side if mt in v_side else v_side, p)
+                   for mt in members for p in mods_of.get(mt, ())):
+                self.copy_outputs.add(v)
+                children[parent.pop(v)].discard(v)     # v now owns its memory
 
-        self._plan_reshape_syncs(may_copy, mods, root, descendants, all_tensors, gd)
+        roots: Dict[str, str] = {}
+
+        def root(t: str) -> str:                      # noqa: F811 - parent is final now
+            r = roots.get(t)
+            if r is None:
+                path = []
+                r = t
+                while r in parent and r not in roots:
+                    path.append(r)
+                    r = parent[r]
+                r = roots.get(r, r)
+                for m in path:
+                    roots[m] = r
+            return r
+
+        self.parent = parent
+        self._plan_reshape_syncs(may_copy, mods, root, subtree, gd)
 
         modified_roots = {root(t) for _, t in mods}
         for t in external:
@@ -488,7 +601,7 @@ class _AliasPlan:
                 self.copy_returns.add(t)
             seen_roots.add(r)
 
-    def _plan_reshape_syncs(self, may_copy, mods, root, descendants, all_tensors, gd) -> None:
+    def _plan_reshape_syncs(self, may_copy, mods, root, subtree, gd) -> None:
         """`reshape_` of an array NumPy cannot view (non-contiguous) gives a copy, yet upstream's
         output aliases its input. Where a later write to either side could be observed, the
         program keeps the two equal: after each write it copies the written side into the other
@@ -505,7 +618,7 @@ class _AliasPlan:
                 continue                       # nothing can observe whether it is a copy
             flag = f"copied_{len(self.reshape_flags)}"
             self.reshape_flags[r] = (flag, a, b)
-            b_side = descendants(b, {m for m in all_tensors if root(m) == root(a)})
+            b_side = subtree(b)
             edges.append((r, a, b, flag, b_side, later))
         for p in sorted({p for *_, later in edges for p, _ in later}):
             up, down = [], []

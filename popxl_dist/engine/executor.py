@@ -6,6 +6,9 @@ ranks or Ray actors; the protocol is `weights_from_host`, `run`, `weights_to_hos
 """
 from __future__ import annotations
 
+import os
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -23,7 +26,7 @@ class ReplicaContext:
     """One replica's device memory and its host-stream cursors for the current run."""
 
     __slots__ = ("replica", "state", "in_chunks", "in_count", "out_chunks", "out_count",
-                 "remote", "prints")
+                 "remote", "prints", "buffers")
 
     def __init__(self, replica: int, n_state: int, n_in: int, n_out: int):
         self.replica = replica
@@ -34,6 +37,7 @@ class ReplicaContext:
         self.out_count = [0] * n_out
         self.remote: Dict[int, np.ndarray] = {}
         self.prints: List[str] = []       # PrintTensor output of the current run
+        self.buffers: Dict[object, List[np.ndarray]] = {}   # memory-plan buffers, per graph
 
     def next_input(self, slot: int) -> np.ndarray:
         k = self.in_count[slot]
@@ -46,6 +50,32 @@ class ReplicaContext:
         self.out_count[slot] = k + 1
         chunks = self.out_chunks[slot]
         chunks[k % len(chunks)][...] = value
+
+
+def replica_threads(local_replicas: int, workers: int) -> int:
+    """How many of a worker's replicas run at once: one per core this worker may use (the
+    machine's cores divided among the workers sharing it: `MPI_LOCALNRANKS` /
+    `OMPI_COMM_WORLD_LOCAL_SIZE` for MPI ranks, else all `workers`), at most its replica count;
+    `POPXL_REPLICA_THREADS` sets it. Each replica computes exactly as when run alone (one BLAS
+    thread, its own buffers and scratch), and collectives combine the replicas in replica order,
+    so the bits do not depend on it."""
+    value = os.environ.get("POPXL_REPLICA_THREADS", "").strip()
+    if value:
+        try:
+            n = int(value)
+        except ValueError:
+            raise ValueError(f"POPXL_REPLICA_THREADS must be a positive int, got {value!r}") \
+                from None
+        if n < 1:
+            raise ValueError(f"POPXL_REPLICA_THREADS must be a positive int, got {n}")
+        return max(1, min(n, local_replicas))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                      # macOS
+        cores = os.cpu_count() or 1
+    local = os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    sharing = int(local) if local and local.isdigit() else workers
+    return max(1, min(local_replicas, cores // max(sharing, 1)))
 
 
 def _replica_span(replicas: Sequence[int]) -> str:
@@ -108,9 +138,16 @@ class Worker:
         self._single = len(self.ctxs) == 1
         # Floating-point events (overflow to inf, 0/0, x/0) give their IEEE results silently,
         # as on the IPU, unless the program enabled SessionOptions.enableFloatingPointChecks:
-        # then they raise, naming the op. One errstate per run, not per kernel.
+        # then they raise, naming the op. One errstate per run (and per replica thread: NumPy's
+        # error state is per thread), not per kernel.
         self._fp_events = (dict(divide="raise", over="raise", invalid="raise", under="ignore")
                            if getattr(ir, "floating_point_checks", False) else dict(all="ignore"))
+        self._pool = None
+        n = replica_threads(len(self.ctxs), self.comm.layout.num_workers)
+        if n > 1:
+            self._pool = ThreadPoolExecutor(max_workers=n - 1,
+                                            thread_name_prefix="popxl-replica")
+            weakref.finalize(self, self._pool.shutdown, wait=False)
 
     # --- weights -----------------------------------------------------------------------
     def write_weights(self, values: Dict[str, np.ndarray]) -> None:
@@ -244,6 +281,9 @@ class Worker:
             if cg.has_collectives:
                 self._lockstep(cg)
                 return
+            if self._pool is not None:
+                self._each_replica(lambda ctx, _: cg.run(ctx), [None] * len(self.ctxs))
+                return
             for ctx in self.ctxs:
                 try:
                     cg.run(ctx)
@@ -252,6 +292,36 @@ class Worker:
                     if err is e:
                         raise
                     raise err from e
+
+    def _in_fp_state(self, fn, ctx, arg):
+        with np.errstate(**self._fp_events):
+            return fn(ctx, arg)
+
+    def _each_replica(self, fn, args: Sequence) -> list:
+        """`fn(ctx, arg)` for every local replica, in parallel threads (this thread runs the
+        first replica); returns the results in replica order, or raises the first replica's
+        failure (in replica order) once all have stopped."""
+        futures = [self._pool.submit(self._in_fp_state, fn, ctx, a)
+                   for ctx, a in zip(self.ctxs[1:], args[1:])]
+        results, errors = [], []
+        try:
+            results.append(fn(self.ctxs[0], args[0]))
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the others
+            results.append(None)
+            errors.append((self.ctxs[0], e))
+        for ctx, f in zip(self.ctxs[1:], futures):
+            try:
+                results.append(f.result())
+            except BaseException as e:  # noqa: BLE001
+                results.append(None)
+                errors.append((ctx, e))
+        if errors:
+            ctx, e = errors[0]
+            err = self._explain(e, ctx.replica) if isinstance(e, Exception) else e
+            if err is e:
+                raise e
+            raise err from e
+        return results
 
     def _explain(self, exc: BaseException, replica: int) -> BaseException:
         """An EngineError naming the op (and the replica when there are several); another
@@ -279,18 +349,27 @@ class Worker:
         gens = [cg.run(ctx) for ctx in self.ctxs]
         sends: List[object] = [None] * len(gens)
         comm = self.comm
+        by_ctx = {id(ctx): gen for ctx, gen in zip(self.ctxs, gens)}
+
+        def advance(ctx, value):
+            try:
+                return by_ctx[id(ctx)].send(value)
+            except StopIteration:
+                return None
+
         while True:
-            steps = []
-            for ctx, gen, value in zip(self.ctxs, gens, sends):
-                try:
-                    steps.append(gen.send(value))
-                except StopIteration:
-                    steps.append(None)
-                except Exception as e:  # noqa: BLE001
-                    err = self._explain(e, ctx.replica)
-                    if err is e:
-                        raise
-                    raise err from e
+            if self._pool is not None:
+                steps = self._each_replica(advance, sends)
+            else:
+                steps = []
+                for ctx, value in zip(self.ctxs, sends):
+                    try:
+                        steps.append(advance(ctx, value))
+                    except Exception as e:  # noqa: BLE001
+                        err = self._explain(e, ctx.replica)
+                        if err is e:
+                            raise
+                        raise err from e
             first = steps[0]
             if first is None and all(s is None for s in steps):
                 return

@@ -20,6 +20,7 @@ import numpy as np
 from .._ir.records import IrData
 from ..engine.comm import Communicator, Layout
 from ..engine.executor import Worker
+from .blas import blas_threads
 from .base import Runtime, emit_prints, host_value, needed_replicas
 from .instance_join import instance_group
 
@@ -88,7 +89,8 @@ class InstanceRuntime(Runtime):
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         self.group.next_run()
         try:
-            self.worker.run(inputs, outputs)
+            with blas_threads():
+                self.worker.run(inputs, outputs)
         finally:                      # this instance's replicas' print_tensor lines
             emit_prints(self.worker.take_prints())
 
@@ -96,7 +98,8 @@ class InstanceRuntime(Runtime):
         if getattr(self.worker.program, which).has_collectives:
             self.group.next_run()     # (a fragment without collectives is this instance's own)
         try:
-            self.worker.run_fragment(which)
+            with blas_threads():
+                self.worker.run_fragment(which)
         finally:
             emit_prints(self.worker.take_prints())
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from .._ir.records import IrData
 from ..engine.executor import Worker
+from .blas import blas_threads
 from .base import Runtime, emit_prints, host_value, needed_replicas
 
 __all__ = ["LocalRuntime"]
@@ -25,13 +26,15 @@ class LocalRuntime(Runtime):
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         try:
-            self.worker.run(inputs, outputs)
+            with blas_threads():
+                self.worker.run(inputs, outputs)
         finally:                      # lines printed before a failure help to debug it
             emit_prints(self.worker.take_prints())
 
     def run_fragment(self, which: str) -> None:
         try:
-            self.worker.run_fragment(which)
+            with blas_threads():
+                self.worker.run_fragment(which)
         finally:
             emit_prints(self.worker.take_prints())
 

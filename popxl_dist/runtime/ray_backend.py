@@ -27,6 +27,7 @@ import time
 from typing import Any, List, Optional, Sequence
 
 from ..errors import WorkerDied, WorkerError
+from .blas import job_blas_threads, user_blas_vars
 from .endpoint import (ERROR, Endpoint, EndpointTransport, decode, describe, encode,
                        serve)
 from .env import collective_timeout, ray_transport
@@ -49,12 +50,16 @@ _STATS = "__transport_stats__"
 
 
 def _actor_env() -> dict:
-    """The actors' environment. BLAS thread counts are this process's: Ray would set them to
-    the actor's CPU count (1), and OpenBLAS gives different bits with different thread counts,
-    which would break bitwise agreement with the local and MPI backends."""
-    default = str(os.cpu_count() or 1)
-    env = {var: os.environ.get(var, default)
-           for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    """The actors' environment. BLAS thread counts are the job's (see runtime/blas.py): Ray
+    would set them to the actor's CPU count, and OpenBLAS gives different bits with different
+    thread counts, which would break bitwise agreement with the local and MPI backends."""
+    n = job_blas_threads()
+    if n is None:                        # the user's own BLAS settings, as they are
+        env = user_blas_vars()
+    else:
+        env = {"POPXL_BLAS_THREADS": str(n)}
+        env.update({var: str(n) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                            "MKL_NUM_THREADS")})
     # Idle BLAS threads of several actors per core would spin against each other.
     env["OPENBLAS_THREAD_TIMEOUT"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "4")
     # Ray starts workers at niceness 15: with any other load on the node they would starve,

@@ -10,6 +10,7 @@ import numpy as np
 from ..engine.comm import Layout, Transport
 from ..engine.comm import Communicator
 from ..engine.executor import Worker
+from .blas import blas_threads
 from .base import Printed
 
 __all__ = ["WorkerService"]
@@ -42,10 +43,12 @@ class WorkerService:
         if cmd == "run":
             inputs, out_specs = payload
             outputs = [np.empty(shape, dtype) for shape, dtype in out_specs]
-            worker.run(inputs, outputs)
+            with blas_threads():
+                worker.run(inputs, outputs)
             return self._with_prints(worker, outputs)
         if cmd == "run_fragment":
-            worker.run_fragment(payload)
+            with blas_threads():
+                worker.run_fragment(payload)
             return self._with_prints(worker, None)
         if cmd == "read":
             return worker.read_replicas(payload)

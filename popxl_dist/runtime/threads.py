@@ -13,6 +13,7 @@ from ..errors import CollectiveTimeout, RunAborted, WorkerError
 from .env import collective_timeout
 from .mailbox import Mailbox, MailboxTransport
 from .pool import WorkerPool
+from .blas import blas_threads
 from .service import WorkerService
 
 __all__ = ["ThreadPool", "thread_pool"]
@@ -43,6 +44,12 @@ class ThreadPool(WorkerPool):
             service.sessions.pop(sid, None)
 
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
+        # The BLAS count is set here, on the calling thread, for the worker threads: OpenBLAS
+        # takes thread-count changes from the process's main thread only (runtime/blas.py).
+        with blas_threads():
+            return self._call(sid, cmd, payloads)
+
+    def _call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
         if self.broken:
             raise WorkerError(f"the local worker-thread pool is unusable: {self.broken}")
         run_id = next(self._runs)

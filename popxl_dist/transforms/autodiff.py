@@ -145,7 +145,17 @@ def _modifying(op: Op) -> bool:
     return False
 
 
-def _rename(gd: GraphData, graph: Graph, old: str, new: str) -> None:
+def _consumers(gd: GraphData) -> Dict[str, List[Op]]:
+    """tensor id -> the ops of `gd` reading it (for renames without scanning every op)."""
+    out: Dict[str, List[Op]] = {}
+    for o in gd.ops:
+        for t in dict.fromkeys(o.inputs):
+            out.setdefault(t, []).append(o)
+    return out
+
+
+def _rename(gd: GraphData, graph: Graph, old: str, new: str,
+            consumers: Optional[Dict[str, List[Op]]] = None) -> None:
     info = gd.tensors.pop(old)
     info.id = new
     gd.tensors[new] = info
@@ -153,10 +163,14 @@ def _rename(gd: GraphData, graph: Graph, old: str, new: str) -> None:
     if op is not None:
         op.outputs = tuple(new if t == old else t for t in op.outputs)
         gd.producer[new] = op
-    for o in gd.ops:
+    readers = gd.ops if consumers is None else consumers.pop(old, [])
+    for o in readers:
         if old in o.inputs:
             o.inputs = tuple(new if t == old else t for t in o.inputs)
-    gd.outputs = [new if t == old else t for t in gd.outputs]
+    if consumers is not None and readers:
+        consumers[new] = readers
+    if old in gd.outputs:
+        gd.outputs = [new if t == old else t for t in gd.outputs]
     w = graph._wrappers.pop(old, None)
     if w is not None:
         graph._wrappers[new] = w
@@ -317,6 +331,8 @@ class _GradBuilder:
                         add_grad(tid, dx)
             out_connections = []
             used_outputs: Set[str] = set()
+            consumers = _consumers(gd_bwd)
+            bwd_inputs = set(gd_bwd.inputs)
             for t in self.required:
                 g = grad_of(t.id)
                 if g is None:
@@ -325,11 +341,11 @@ class _GradBuilder:
                                            f"output for fwd id '{t.id}'")
                     continue
                 want = f"{name}/Gradient___{t.name}"
-                if (g.id in gd_bwd.inputs or g.id in used_outputs or g._info.kind != TensorKind.INTERMEDIATE
+                if (g.id in bwd_inputs or g.id in used_outputs or g._info.kind != TensorKind.INTERMEDIATE
                         or want in gd_bwd.tensors):
                     g = ops.identity(g, f"Gradient___{t.name}")
                 else:
-                    _rename(gd_bwd, bwd, g.id, want)
+                    _rename(gd_bwd, bwd, g.id, want, consumers)
                 used_outputs.add(g.id)
                 graph_output(g)
                 out_connections.append(ExpectedConnection(t, ExpectedConnectionType.FwdGrad))
@@ -337,32 +353,34 @@ class _GradBuilder:
         fwd_sorted = sorted(self.fwd_order)
         gd_bwd.inputs = [t.id for t in provided_inputs] + [self.fwd_map[t].id for t in fwd_sorted]
         in_connections = [ExpectedConnection(t, ExpectedConnectionType.FwdGrad) for t in self.provided]
+        gd = self.fwd_gd
+        stitched = set(gd.inputs) | set(gd.outputs)
+        sites = [(pgd, op) for pgd in fwd.ir._data.graphs.values() for op in pgd.ops
+                 if gd.id in op.called]
         for tid in fwd_sorted:
             in_connections.append(ExpectedConnection(fwd._tensor(tid), ExpectedConnectionType.Fwd))
-            self._stitch(tid)
+            if tid not in stitched:
+                stitched.add(tid)
+                self._stitch(tid, sites)
         return GradGraphInfo(bwd, fwd, in_connections, out_connections)
 
-    def _stitch(self, tid: str) -> None:
-        """Make forward tensor `tid` an output of the forward graph and of every call site."""
+    def _stitch(self, tid: str, sites: List[Tuple[GraphData, Op]]) -> None:
+        """Make forward tensor `tid` (not yet an input or output) an output of the forward graph
+        and of every call site `sites` (the ops calling the forward graph)."""
         gd = self.fwd_gd
-        if tid in gd.inputs or tid in gd.outputs:
-            return
         gd.outputs.append(tid)
         info = gd.tensors[tid]
         ir = self.fwd_graph.ir
-        for pgd in ir._data.graphs.values():
-            for op in pgd.ops:
-                if gd.id not in op.called:
-                    continue
-                if op.type != "Call":
-                    raise popart_exception(f"autodiff: graph '{gd.id}' needs a new output for its "
-                                           f"gradient but is called by {op.describe()}, which cannot "
-                                           f"gain outputs")
-                new = ir._data.unique_tensor_id(pgd, f"{pgd.id + '/' if pgd.id else ''}autodiff_output")
-                pgd.tensors[new] = TensorInfo(new, info.shape, info.dtype, TensorKind.INTERMEDIATE,
-                                              info.meta_shape)
-                op.outputs = op.outputs + (new,)
-                pgd.producer[new] = op
+        for pgd, op in sites:
+            if op.type != "Call":
+                raise popart_exception(f"autodiff: graph '{gd.id}' needs a new output for its "
+                                       f"gradient but is called by {op.describe()}, which cannot "
+                                       f"gain outputs")
+            new = ir._data.unique_tensor_id(pgd, f"{pgd.id + '/' if pgd.id else ''}autodiff_output")
+            pgd.tensors[new] = TensorInfo(new, info.shape, info.dtype, TensorKind.INTERMEDIATE,
+                                          info.meta_shape)
+            op.outputs = op.outputs + (new,)
+            pgd.producer[new] = op
 
 
 class _AutodiffSession:

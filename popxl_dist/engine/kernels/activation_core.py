@@ -1,9 +1,19 @@
-"""Kernels: Gelu (tanh approximation) and its grad, Softmax and its grad, fused NLL + softmax grad."""
+"""Kernels: Gelu (tanh approximation) and its grad, Softmax and its grad, fused NLL + softmax grad.
+
+`gelu_tanh`, `gelu_tanh_grad`, `softmax` and `softmax_grad` define the arithmetic; the kernels run
+the same operations block by block (see `_blocks`), with the same bits, writing into
+preallocated outputs.
+"""
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import numpy as np
 
-from ._util import F16, F32, np_dtype, via_f32
+from ._blocks import (as_f32, contiguous_rows, elem_blocks, f32_work, out_array, row_blocks,
+                      store)
+from ._util import (F16, F32, f16_into, from_f16, jit_loops, np_dtype, scratch, to_f16,
+                    via_f32, without_out)
 from .registry import kernel
 
 _K = np.float32(np.sqrt(2.0 / np.pi))
@@ -34,9 +44,109 @@ def gelu_tanh_grad(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     return g
 
 
-@kernel("Gelu")
+def _gelu_block(x: np.ndarray, t: np.ndarray) -> None:
+    """`gelu_tanh(x)` into `t` (float32 blocks; t must not overlap x)."""
+    u = scratch("gelu_u", x.size).reshape(x.shape)
+    np.multiply(x, x, out=t)
+    np.multiply(_C, x, out=u)
+    t *= u
+    t += x
+    t *= _K
+    np.tanh(t, out=t)
+    t += 1
+    t *= x
+    t *= 0.5
+
+
+def _gelu_grad_block(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
+    """`gelu_tanh_grad(dy, x)` into `g` (float32 blocks; g may be dy's memory, not x's)."""
+    n = x.size
+    x2 = scratch("gelu_x2", n).reshape(x.shape)
+    th = scratch("gelu_th", n).reshape(x.shape)
+    d = scratch("gelu_d", n).reshape(x.shape)
+    e = scratch("gelu_e", n).reshape(x.shape)
+    np.multiply(x, x, out=x2)
+    np.multiply(x2, _C, out=th)                 # inner = (x2 * C + 1) * x * K
+    th += 1
+    th *= x
+    th *= _K
+    np.tanh(th, out=th)
+    np.multiply(x2, 3 * _C, out=x2)             # dinner = (x2 * 3C + 1) * K
+    x2 += 1
+    x2 *= _K
+    np.add(1, th, out=d)                        # 0.5 * (1 + th)
+    d *= 0.5
+    np.multiply(th, th, out=th)                 # sech2 = 1 - th * th
+    np.subtract(1, th, out=th)
+    np.multiply(0.5, x, out=e)                  # 0.5 * x * sech2 * dinner
+    e *= th
+    e *= x2
+    d += e
+    np.multiply(d, dy, out=g)
+
+
+def _elementwise(block_fn: Callable, dt: np.dtype, shape, may_alias: bool = False):
+    """A kernel running `block_fn(*float32 input blocks, float32 result block)` block by block
+    over same-shaped inputs, rounding each block into the output dtype. `may_alias`: block_fn
+    accepts a result block that is an input block's memory (else such a block is computed in
+    scratch first: the memory plan may give the output an input's buffer)."""
+
+    def run(*arrays, out=None):
+        res = out_array(out, shape, dt)
+        flat_in = [a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+                   for a in arrays]
+        flat_out = res.reshape(-1)
+        for lo, hi in elem_blocks(flat_out.size):
+            blk = [as_f32(a[lo:hi], f"ew_in{i}") for i, a in enumerate(flat_in)]
+            o = flat_out[lo:hi]
+            work = f32_work(o, "ew_out", hi - lo)
+            if not may_alias and work is o and any(b.ctypes.data == o.ctypes.data for b in blk):
+                work = scratch("ew_out", hi - lo)
+            block_fn(*blk, work)
+            store(work, o)
+        return res
+    return run
+
+
+def _fusable(ins, outs) -> bool:
+    """The fused kernels compute float32 and float16 tensors (others run the definitions)."""
+    return all(np_dtype(t) in (F16, F32) for t in list(ins) + list(outs))
+
+
+def _gelu_block_jit(x: np.ndarray, y: np.ndarray) -> None:
+    """`_gelu_block` with its passes around tanh compiled (the same operations: same bits)."""
+    jit = jit_loops() if x.size >= 4096 else None
+    if jit is None:
+        if y.ctypes.data == x.ctypes.data:
+            t = scratch("ew_out", x.size)
+            _gelu_block(x, t)
+            y[...] = t
+        else:
+            _gelu_block(x, y)
+        return
+    u = scratch("gelu_u", x.size)
+    jit.gelu_inner(x, u)
+    np.tanh(u, out=u)
+    jit.gelu_outer(x, u, y)
+
+
+def _gelu_grad_block_jit(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
+    jit = jit_loops() if x.size >= 4096 else None
+    if jit is None:
+        _gelu_grad_block(dy, x, g)
+        return
+    x2 = scratch("gelu_x2", x.size)
+    u = scratch("gelu_th", x.size)
+    jit.gelu_grad_inner(x, x2, u)
+    np.tanh(u, out=u)
+    jit.gelu_grad_outer(dy, x, x2, u, g)
+
+
+@kernel("Gelu", writes_out=True, inplace=True)
 def _gelu(attrs, ins, outs):
-    return via_f32(gelu_tanh, np_dtype(outs[0]))
+    if not _fusable(ins, outs):
+        return without_out(via_f32(gelu_tanh, np_dtype(outs[0])))
+    return _elementwise(_gelu_block_jit, np_dtype(outs[0]), outs[0].shape, may_alias=True)
 
 
 @kernel("GeluInplace", modifies=(0,))
@@ -49,9 +159,11 @@ def _gelu_inplace(attrs, ins, outs):
     return run
 
 
-@kernel("GeluGrad")
+@kernel("GeluGrad", writes_out=True, inplace=True)
 def _gelu_grad(attrs, ins, outs):
-    return via_f32(gelu_tanh_grad, np_dtype(outs[0]))
+    if not _fusable(ins, outs):
+        return without_out(via_f32(gelu_tanh_grad, np_dtype(outs[0])))
+    return _elementwise(_gelu_grad_block_jit, np_dtype(outs[0]), outs[0].shape, may_alias=True)
 
 
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -61,42 +173,107 @@ def softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return e
 
 
-@kernel("Softmax")
+def softmax_grad(dy: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
+    g = dy * y
+    g -= y * np.sum(g, axis=axis, keepdims=True)
+    return g
+
+
+def _rowwise(block_fn: Callable, fallback: Callable, axis: int, shape, dt: np.dtype):
+    """A kernel over rows of the last axis: `block_fn(*float32 (rows, n) input blocks, result
+    block)` on C-contiguous inputs (other layouts and axes run `fallback` in float32)."""
+    rank = len(shape)
+    row_len = shape[-1] if shape else 1
+    last = axis in (-1, rank - 1)
+
+    def run(*arrays, out=None):
+        res = out_array(out, shape, dt)
+        rows_in = [contiguous_rows(a, row_len) for a in arrays] if last else [None]
+        if any(r is None for r in rows_in) or not res.flags.c_contiguous:
+            r = fallback(*[from_f16(a) if a.dtype == F16 else a for a in arrays])
+            store(np.asarray(r, F32) if dt == F16 else r, res)
+            return res
+        rows_out = res.reshape(-1, row_len)
+        for r0, r1 in row_blocks(rows_out.shape[0], row_len):
+            blk = [as_f32(a[r0:r1], f"row_in{i}") for i, a in enumerate(rows_in)]
+            o = rows_out[r0:r1]
+            work = f32_work(o, "row_out", o.size)
+            block_fn(*blk, work)
+            store(work, o)
+        return res
+    return run
+
+
+def _softmax_block(x: np.ndarray, e: np.ndarray) -> None:
+    m = scratch("softmax_m", x.shape[0]).reshape(-1, 1)
+    np.maximum.reduce(x, axis=-1, keepdims=True, out=m)        # np.max, np.sum without
+    np.subtract(x, m, out=e)                                   # their Python wrappers
+    np.exp(e, out=e)
+    np.add.reduce(e, axis=-1, keepdims=True, out=m)
+    e /= m
+
+
+def _softmax_grad_block(dy: np.ndarray, y: np.ndarray, g: np.ndarray) -> None:
+    s = scratch("softmax_s", y.shape[0]).reshape(-1, 1)
+    t = scratch("softmax_t", y.size).reshape(y.shape)
+    np.multiply(dy, y, out=g)
+    np.add.reduce(g, axis=-1, keepdims=True, out=s)
+    np.multiply(y, s, out=t)
+    g -= t
+
+
+@kernel("Softmax", writes_out=True, inplace=True)
 def _softmax(attrs, ins, outs):
     axis = int(attrs["axis"])
-    return via_f32(lambda x: softmax(x, axis), np_dtype(outs[0]))
+    if not _fusable(ins, outs):
+        return without_out(via_f32(lambda x: softmax(x, axis), np_dtype(outs[0])))
+    return _rowwise(_softmax_block, lambda x: softmax(x, axis), axis, outs[0].shape,
+                    np_dtype(outs[0]))
 
 
-@kernel("SoftmaxGrad")
+@kernel("SoftmaxGrad", writes_out=True, inplace=(0,))
 def _softmax_grad(attrs, ins, outs):
     axis = int(attrs["axis"])
-
-    def run(dy, y):
-        g = dy * y
-        g -= y * np.sum(g, axis=axis, keepdims=True)
-        return g
-    return via_f32(run, np_dtype(outs[0]))
+    if not _fusable(ins, outs):
+        return without_out(via_f32(lambda dy, y: softmax_grad(dy, y, axis), np_dtype(outs[0])))
+    return _rowwise(_softmax_grad_block, lambda dy, y: softmax_grad(dy, y, axis), axis,
+                    outs[0].shape, np_dtype(outs[0]))
 
 
-@kernel("NlllWithSoftmaxGradDirect")
+@kernel("NlllWithSoftmaxGradDirect", writes_out=True)
 def _nll_softmax_grad(attrs, ins, outs):
     ignore = attrs.get("ignore_index")
     reduction = attrs.get("reduction", "mean")
     loss_dt, dx_dt = np_dtype(outs[0]), np_dtype(outs[1])
     n_classes = ins[0].shape[-1]
     loss_shape = outs[0].shape
+    dx_shape = outs[1].shape
 
-    def run(probs, labels, loss_grad):
+    def run(probs, labels, loss_grad, out=None):
         p = probs.reshape(-1, n_classes)
-        if p.dtype == F16:
-            p = p.astype(F32)
         lab = labels.reshape(-1).astype(np.int64, copy=False)
         rows = np.arange(lab.shape[0])
         valid = None if ignore is None else (lab != ignore)
         safe = lab if valid is None else np.where(valid, lab, 0)
-        picked = p[rows, safe]
+        # dx starts as the float32 probabilities: in the output itself when it is float32
+        dx_out = None if out is None else out[1]
+        in_out = dx_out is not None and dx_dt == F32 and dx_out.flags.c_contiguous
+        if in_out:
+            dx = dx_out.reshape(p.shape)
+            if p.dtype == F16:
+                f16_into(p, dx)
+            else:
+                np.copyto(dx, p)
+        elif dx_dt == F16 or out is not None:          # a float32 work array, rounded below
+            dx = scratch("nll_dx", p.size).reshape(p.shape)
+            if p.dtype == F16:
+                f16_into(p, dx)
+            else:
+                np.copyto(dx, p)
+        else:
+            dx = from_f16(p) if p.dtype == F16 else p.copy()
+        picked = dx[rows, safe]
         loss = -np.log(picked + np.float32(1e-7))
-        dx = p.copy()
         dx[rows, safe] -= 1
         if valid is not None:
             loss = np.where(valid, loss, 0).astype(loss.dtype)
@@ -115,5 +292,18 @@ def _nll_softmax_grad(attrs, ins, outs):
         else:
             loss_out = loss.reshape(loss_shape).astype(loss_dt)
             dx *= g
-        return loss_out, dx.reshape(probs.shape).astype(dx_dt, copy=False)
+        if in_out:
+            res = dx_out
+        elif dx_out is not None:
+            store(dx.reshape(dx_shape), dx_out)
+            res = dx_out
+        elif dx_dt == F16:
+            res = to_f16(dx).reshape(dx_shape)
+        else:
+            res = dx.reshape(dx_shape).astype(dx_dt, copy=False)
+        if out is not None and out[0] is not None:
+            out[0][...] = loss_out
+            loss_out = out[0]
+        return loss_out, res
     return run
+

@@ -3,23 +3,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import (F16, F32, blocks, cast, flat, from_f16, np_dtype, scalar, to_f16,
-                    via_f32)
+from ._util import (F16, F32, blocks, cast, cast_into, flat, from_f16, jit_loops, np_dtype,
+                    scalar, scratch, to_f16, ufunc_out, via_f32, without_out)
+from ._blocks import as_f32, binary_f32, store
 from .registry import kernel
 
 
 def _binary(ufunc):
     def factory(attrs, ins, outs):
-        return via_f32(ufunc, np_dtype(outs[0]))
+        dt = np_dtype(outs[0])
+        if dt == F16:
+            fn = None
+            if all(np_dtype(i) in (F16, F32) for i in ins):
+                fn = binary_f32(ufunc, ins[0].shape, ins[1].shape, outs[0].shape, dt)
+            return fn or without_out(via_f32(ufunc, dt))
+        return ufunc_out(ufunc, ins, outs)
     return factory
 
 
-kernel("Add")(_binary(np.add))
-kernel("Sub")(_binary(np.subtract))
-kernel("Mul")(_binary(np.multiply))
+kernel("Add", writes_out=True, inplace=True)(_binary(np.add))
+kernel("Sub", writes_out=True, inplace=True)(_binary(np.subtract))
+kernel("Mul", writes_out=True, inplace=True)(_binary(np.multiply))
 
 
-@kernel("Div")
+@kernel("Div", writes_out=True, inplace=True)
 def _div(attrs, ins, outs):
     dt = np_dtype(outs[0])
     if dt.kind in "iu":
@@ -33,8 +40,8 @@ def _div(attrs, ins, outs):
                 q = np.trunc(np.divide(a, b, dtype=np.float64))
                 return np.where(zero, 0, q).astype(dt)
             return np.trunc(np.divide(a, b, dtype=np.float64)).astype(dt)
-        return int_div
-    return via_f32(np.divide, dt)
+        return without_out(int_div)
+    return _binary(np.divide)(attrs, ins, outs)
 
 
 def _inplace(ufunc):
@@ -95,15 +102,30 @@ def _scaled_add_fn(attrs, ins):
     return calc, out, coeffs
 
 
-@kernel("ScaledAdd")
+@kernel("ScaledAdd", writes_out=True)
 def _scaled_add(attrs, ins, outs):
     calc, out, coeffs = _scaled_add_fn(attrs, ins)
+    same = (ins[0].shape == ins[1].shape == outs[0].shape
+            and np_dtype(outs[0]) == out and calc == out and np_dtype(ins[1]) == out)
 
-    def run(x, y, *extra):
+    def run(x, y, *extra, out=None):
         a, b = coeffs(extra)
+        if same and out is not None:
+            np.multiply(x, calc.type(a), out=out)
+            of, yf = flat(out), flat(np.ascontiguousarray(y))
+            for lo, hi in blocks(of.size):
+                yb = scratch("scaled_add_y", hi - lo, calc)
+                np.multiply(yf[lo:hi], calc.type(b), out=yb)
+                of[lo:hi] += yb
+            return out
         r = _in(x, calc) * calc.type(a)
         r += _in(y, calc) * calc.type(b)
-        return r if out == calc else cast(r, out)
+        r = r if out_dt == calc else cast(r, out_dt)
+        if out is not None:
+            out[...] = r
+            return out
+        return r
+    out_dt = out
     return run
 
 
@@ -120,7 +142,17 @@ def _scaled_add_inplace(attrs, ins, outs):
         b = calc.type(attrs["b"])
         if a == 1:
             def run_fast(x, y):
-                if y.dtype == out:
+                if y.dtype == out and y.shape == x.shape and x.flags.c_contiguous:
+                    xf, yf = flat(x), flat(np.ascontiguousarray(y))
+                    jit = jit_loops() if out == F32 and xf.size >= 4096 else None
+                    if jit is not None:
+                        jit.axpy(xf, yf, b)             # x += b * y, one compiled pass
+                        return x
+                    for lo, hi in blocks(xf.size):     # x += b * y, in cache
+                        yb = scratch("scaled_add_y", hi - lo, out)
+                        np.multiply(b, yf[lo:hi], out=yb)
+                        xf[lo:hi] += yb
+                elif y.dtype == out:
                     x += b * y
                 elif y.dtype == F16 and x.flags.c_contiguous:
                     xf, yf = flat(x), flat(y)
@@ -137,6 +169,19 @@ def _scaled_add_inplace(attrs, ins, outs):
 
     def run(x, y, *extra):
         a, b = coeffs(extra)
+        if (x.flags.c_contiguous and x.shape == y.shape and x.dtype in (F16, F32)
+                and y.dtype in (F16, F32) and calc == F32):
+            xf, yf = flat(x), flat(np.ascontiguousarray(y))
+            for lo, hi in blocks(xf.size):       # a * x + b * y, block by block
+                xb = as_f32(xf[lo:hi], "sadd_x")
+                r = scratch("sadd_r", hi - lo)
+                np.multiply(xb, calc.type(a), out=r)
+                yb = as_f32(yf[lo:hi], "sadd_y")
+                t = scratch("sadd_t", hi - lo)
+                np.multiply(yb, calc.type(b), out=t)
+                r += t
+                store(r, xf[lo:hi])
+            return x
         r = _in(x, calc) * calc.type(a)
         r += _in(y, calc) * calc.type(b)
         x[...] = r if out == calc else cast(r, out)
@@ -156,7 +201,7 @@ def _same(x):
 kernel("Identity", view=True)(passthrough)
 
 
-@kernel("Cast")
+@kernel("Cast", writes_out=True)
 def _cast(attrs, ins, outs):
     dt = np_dtype(outs[0])
     if dt.kind in "iu" and np_dtype(ins[0]).kind == "f":
@@ -164,8 +209,8 @@ def _cast(attrs, ins, outs):
             # poplar casts truncate toward zero; NaN/inf saturate is undefined upstream
             with np.errstate(invalid="ignore"):
                 return np.trunc(x).astype(dt)
-        return float_to_int
-    return lambda x: cast(x, dt)
+        return without_out(float_to_int)
+    return lambda x, out=None: cast_into(x, dt, out)
 
 
 kernel("Detach", view=True)(passthrough)

@@ -4,17 +4,50 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import np_dtype, via_f32
+from ._blocks import as_f32, elem_blocks, store
+from ._util import F16, F32, f16_into, np_dtype, scratch, to_f16, via_f32
 from .registry import kernel
 
 
-@kernel("Sum")
+@kernel("Sum", writes_out=True, inplace=(0, 1))
 def _sum(attrs, ins, outs):
-    add = via_f32(np.add, np_dtype(outs[0]))
+    dt = np_dtype(outs[0])
+    add = via_f32(np.add, dt)
+    same = all(np_dtype(i) == dt and i.shape == outs[0].shape for i in ins) and dt != F16
 
-    def run(first, *rest):
-        acc = first
+    if dt == F16 and all(np_dtype(i) in (F16, F32) and i.shape == outs[0].shape for i in ins):
+        def run16(first, *rest, out=None):
+            """Each addition in float32, rounded to float16 (as `add` does), block by block."""
+            res = np.empty(first.shape, F16) if out is None else out
+            of = res.reshape(-1)
+            xs = [np.ascontiguousarray(x).reshape(-1) for x in (first, *rest)]
+            for lo, hi in elem_blocks(of.size):
+                o = of[lo:hi]
+                w = scratch("sum_w", hi - lo)
+                np.copyto(w, as_f32(xs[0][lo:hi], "sum_x"))
+                if not rest:
+                    store(w, o)
+                for x in xs[1:]:
+                    w += as_f32(x[lo:hi], "sum_x")
+                    to_f16(w, o)
+                    f16_into(o, w)
+            return res
+        return run16
+
+    def run(first, *rest, out=None):
+        if out is not None and same:
+            if not rest:
+                np.copyto(out, first)
+                return out
+            np.add(first, rest[0], out=out)
+            for x in rest[1:]:
+                np.add(out, x, out=out)
+            return out
+        acc = first if rest else first.copy()      # never the input itself (see writes_out)
         for x in rest:
             acc = add(acc, x)
+        if out is not None:
+            out[...] = acc
+            return out
         return acc
     return run

@@ -7,12 +7,18 @@ from ._util import np_dtype
 from .registry import kernel
 
 
-@kernel("Init")
+@kernel("Init", writes_out=True)
 def _init(attrs, ins, outs):
     shape, dt = outs[0].shape, np_dtype(outs[0])
     if attrs.get("init_type", "zero") == "undef":
-        return lambda: np.empty(shape, dt)
-    return lambda: np.zeros(shape, dt)
+        return lambda out=None: np.empty(shape, dt) if out is None else out
+
+    def zero(out=None):
+        if out is None:
+            return np.zeros(shape, dt)
+        out.fill(0)
+        return out
+    return zero
 
 
 @kernel("HostLoad", context=True, external=True)

@@ -3,27 +3,60 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, cast, np_dtype
+from ._blocks import as_f32
+from ._util import F16, F32, cast, cast_into, np_dtype, scratch, to_f16, without_out
 from .registry import kernel
 
 
-@kernel("MatMul")
+@kernel("MatMul", writes_out=True)
 def _matmul(attrs, ins, outs):
     if len(ins) == 3:
-        return _matmul_pow2scaled(ins, outs)
+        return without_out(_matmul_pow2scaled(ins, outs))
     out = np_dtype(outs[0])
     a_dt, b_dt = np_dtype(ins[0]), np_dtype(ins[1])
     if a_dt == F16 or b_dt == F16 or out == F16:
-        def run16(a, b):
-            r = np.matmul(a if a.dtype == F32 else cast(a, F32),
-                          b if b.dtype == F32 else cast(b, F32))
-            return r if out == F32 else cast(r, out)
-        return run16
+        shape = outs[0].shape
+        n = int(np.prod(shape, dtype=np.int64))
+
+        gemm = len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1 and \
+            len(ins[0].shape) >= 2 and len(ins[1].shape) >= 2
+
+        def run16(a, b, out=None):
+            """float16 operands converted into scratch, multiplied in float32 (the IPU's
+            partials), rounded once into the output."""
+            a32 = _operand_f32(a, "mm_a", gemm)
+            b32 = _operand_f32(b, "mm_b", gemm)
+            if out_dt == F32:
+                return np.matmul(a32, b32, out=out)
+            r = np.matmul(a32, b32, out=scratch("mm_r", n).reshape(shape))
+            return to_f16(r, out) if out is not None else to_f16(r)
+        out_dt = out
+        if all(d in (F16, F32) for d in (a_dt, b_dt, out)):
+            return run16
+
+        def run_other(a, b, out=None):
+            a32 = a if a.dtype == F32 else cast(a, F32)
+            b32 = b if b.dtype == F32 else cast(b, F32)
+            return cast_into(np.matmul(a32, b32), out_dt, out)
+        return run_other
     if out.kind in "iu":
-        return lambda a, b: np.matmul(a, b).astype(out, copy=False)
-    if out != a_dt:
-        return lambda a, b: np.matmul(a, b).astype(out)
+        return without_out(lambda a, b: np.matmul(a, b).astype(out, copy=False))
+    if out != a_dt or out != b_dt:
+        return without_out(lambda a, b: np.matmul(a, b).astype(out))
     return np.matmul
+
+
+def _operand_f32(a: np.ndarray, tag: str, gemm: bool) -> np.ndarray:
+    """A matmul operand as float32 in scratch. A transposed view (e.g. `x.T` of a weight
+    gradient) of a float16 array is converted in its own memory order and passed on transposed,
+    as float32 operands are: BLAS then reads it transposed, with the same bits as from a copy
+    (GEMM packs its operands; only matrix-vector products, M or N = 1, depend on the layout and
+    take the copy)."""
+    if gemm and a.dtype == F16 and not a.flags.c_contiguous and a.ndim >= 2:
+        t = np.swapaxes(a, -1, -2)
+        if t.flags.c_contiguous:
+            return np.swapaxes(as_f32(t, tag), -1, -2)
+    return as_f32(a, tag)
 
 
 def _matmul_pow2scaled(ins, outs):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, np_dtype
+from ._blocks import as_f32, f32_work, row_blocks, store
+from ._util import F16, F32, from_f16, np_dtype, scratch, to_f16, without_out
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -24,7 +25,25 @@ def _chan_shape(shape):
     return (1, shape[1]) + (1,) * (len(shape) - 2)
 
 
-@kernel("GroupNormalization")
+def _rows_norm(ins, outs, g: int) -> bool:
+    """Whether a group norm is a norm of rows with per-column weights: a 2-D (N, C) input in one
+    group (layer norm), float32 or float16 throughout (the fused kernels' case)."""
+    return (g == 1 and len(ins[0].shape) == 2
+            and all(np_dtype(i) in (F16, F32) for i in ins) and np_dtype(ins[0]) == np_dtype(outs[0])
+            and all(np_dtype(o) == np_dtype(outs[0]) for o in outs))
+
+
+def _mean_rows(a: np.ndarray, out: np.ndarray) -> None:
+    """Row means of a 2-D block into `out` (rows, 1), exactly as `np.mean(a3, axis=2)` of the
+    (rows, 1, C) view computes them (NumPy's `_mean`: an add-reduce, then a division by the
+    count as an `intp`, in float64, rounded) without its per-call overhead."""
+    rows, c = a.shape
+    o3 = out.reshape(rows, 1, 1)
+    np.add.reduce(a.reshape(rows, 1, c), axis=2, keepdims=True, out=o3)
+    np.true_divide(o3, np.intp(c), out=o3, casting="unsafe")
+
+
+@kernel("GroupNormalization", writes_out=True)
 def _group_norm_kernel(attrs, ins, outs):
     g = int(attrs["num_groups"])
     dt = np_dtype(outs[0])
@@ -33,7 +52,10 @@ def _group_norm_kernel(attrs, ins, outs):
     shape = ins[0].shape
     n = shape[0]
     cs = _chan_shape(shape)
+    if _rows_norm(ins, outs, g):
+        return _layer_norm_fused(shape, dt, eps)
 
+    @without_out
     def run(x, w, b):
         xg = x.reshape(n, g, -1).astype(calc)
         mean = xg.mean(axis=2, keepdims=True)
@@ -48,7 +70,94 @@ def _group_norm_kernel(attrs, ins, outs):
     return run
 
 
-@kernel("GroupNormalizationGrad")
+def _layer_norm_fused(shape, dt: np.dtype, eps):
+    """GroupNormalization of (N, C) rows in one group, row blocks at a time: the arithmetic of
+    the general kernel below, in the same order, on the same float32 values."""
+    n, c = shape
+
+    def run(x, w, b, out=None):
+        y = np.empty(shape, dt) if out is None or out[0] is None else out[0]
+        mean = np.empty(n, dt) if out is None or out[1] is None else out[1]
+        inv = np.empty(n, dt) if out is None or out[2] is None else out[2]
+        x = np.ascontiguousarray(x)
+        w32 = as_f32(w, "ln_w").reshape(1, c)
+        b32 = as_f32(b, "ln_b").reshape(1, c)
+        for r0, r1 in row_blocks(n, c):
+            rows = r1 - r0
+            xb = as_f32(x[r0:r1], "ln_x")
+            m = scratch("ln_m", rows).reshape(rows, 1)
+            v = scratch("ln_v", rows).reshape(rows, 1)
+            xc = scratch("ln_xc", xb.size).reshape(xb.shape)
+            sq = scratch("ln_sq", xb.size).reshape(xb.shape)
+            _mean_rows(xb, m)
+            np.subtract(xb, m, out=xc)
+            np.multiply(xc, xc, out=sq)
+            _mean_rows(sq, v)
+            v += eps
+            np.sqrt(v, out=v)
+            np.divide(1, v, out=v)
+            yb = f32_work(y[r0:r1], "ln_y", xb.size)
+            np.multiply(xc, v, out=yb)
+            yb *= w32
+            yb += b32
+            store(yb, y[r0:r1])
+            store(m.reshape(-1), mean[r0:r1])
+            store(v.reshape(-1), inv[r0:r1])
+        return y, mean, inv
+    return run
+
+
+def _layer_norm_grad_fused(shape, dt: np.dtype, out_dts):
+    """GroupNormalizationGrad of (N, C) rows in one group, in row blocks (dx) and over the whole
+    product array (dweight, dbias: the same column sums as the general kernel)."""
+    n, c = shape
+
+    def run(dy, x, w, mean, inv, out=None):
+        dx = np.empty(shape, dt) if out is None or out[0] is None else out[0]
+        dy = np.ascontiguousarray(dy)
+        x = np.ascontiguousarray(x)
+        w32 = as_f32(w, "ln_w").reshape(1, c)
+        dy32 = as_f32(dy, "lng_dy_full")                 # whole: db sums its columns
+        prod = scratch("lng_prod", n * c).reshape(n, c)   # dy * xhat, whole: dw sums it
+        for r0, r1 in row_blocks(n, c):
+            rows = r1 - r0
+            xb = as_f32(x[r0:r1], "ln_x")
+            mb = as_f32(mean[r0:r1], "ln_mb").reshape(rows, 1)
+            ib = as_f32(inv[r0:r1], "ln_ib").reshape(rows, 1)
+            dyb = dy32[r0:r1]
+            xh = scratch("ln_xc", xb.size).reshape(xb.shape)
+            dxh = scratch("ln_sq", xb.size).reshape(xb.shape)
+            t = scratch("lng_t", xb.size).reshape(xb.shape)
+            s = scratch("ln_m", rows).reshape(rows, 1)
+            np.subtract(xb, mb, out=xh)
+            xh *= ib
+            np.multiply(dyb, xh, out=prod[r0:r1])
+            np.multiply(dyb, w32, out=dxh)
+            dxb = f32_work(dx[r0:r1], "ln_y", xb.size)
+            _mean_rows(dxh, s)
+            np.subtract(dxh, s, out=dxb)
+            np.multiply(dxh, xh, out=t)
+            _mean_rows(t, s)
+            np.multiply(xh, s, out=t)
+            dxb -= t
+            dxb *= ib
+            store(dxb, dx[r0:r1])
+        dw = np.sum(prod, axis=(0,))
+        db = np.sum(dy32, axis=(0,))
+        return (dx, _into(dw, out_dts[0], None if out is None else out[1]),
+                _into(db, out_dts[1], None if out is None else out[2]))
+    return run
+
+
+def _into(r: np.ndarray, dt: np.dtype, out) -> np.ndarray:
+    """`r.astype(dt)` (a new array), or written into `out`."""
+    if out is None:
+        return to_f16(r) if dt == F16 else r.astype(dt)
+    store(r, out)
+    return out
+
+
+@kernel("GroupNormalizationGrad", writes_out=True)
 def _group_norm_grad_kernel(attrs, ins, outs):
     """ins (dy, x, weight, mean, inv_std) -> (dx, dweight, dbias)."""
     g = int(attrs["num_groups"])
@@ -58,7 +167,10 @@ def _group_norm_grad_kernel(attrs, ins, outs):
     n = shape[0]
     cs = _chan_shape(shape)
     red = (0,) + tuple(range(2, len(shape)))
+    if _rows_norm(ins[1:], outs, g) and np_dtype(ins[0]) == dt:
+        return _layer_norm_grad_fused(shape, dt, (np_dtype(outs[1]), np_dtype(outs[2])))
 
+    @without_out
     def run(dy, x, w, mean, inv):
         dyc = dy.astype(calc)
         inv_g = inv.astype(calc).reshape(n, g, 1)

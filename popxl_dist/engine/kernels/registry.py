@@ -11,6 +11,14 @@ may return a NumPy view of input 0 (the compiler copies when aliasing would be o
 ``alias`` kernels return a view on purpose (upstream's reshape_/transpose_ family);
 ``external`` kernels return memory the program does not own (read-only host input data), which
 the compiler copies if the program writes to it.
+
+``writes_out`` kernels also accept a preallocated result: ``fn(*arrays, out=buffer)`` (a tuple of
+arrays or None per output for several outputs) writes the result into ``buffer`` and returns it;
+without ``out`` they return a fresh array. Their outputs never alias their inputs. The compiler's
+memory plan (see ``engine/memory_plan.py``) hands them buffers it reuses across values and runs.
+``inplace`` (with ``writes_out``): the output may be the very buffer of an input of the same shape
+and dtype (True: any input; a tuple: those input indices), e.g. element-wise kernels.
+Kernels without ``writes_out`` are called exactly as before.
 """
 from __future__ import annotations
 
@@ -33,6 +41,8 @@ class KernelSpec:
     collective: bool = False
     external: bool = False
     returns_input: bool = True   # a modifying op's output 0 is its (modified) input 0
+    writes_out: bool = False     # fn(*arrays, out=...) writes into preallocated outputs
+    inplace: Union[bool, Tuple[int, ...]] = False   # out may be (these) inputs' own buffer
 
     def modified_inputs(self, op) -> Tuple[int, ...]:
         m = self.modifies(op.attrs, len(op.inputs)) if callable(self.modifies) else self.modifies
@@ -62,15 +72,19 @@ def spec_of(op) -> "KernelSpec | None":
 
 def kernel(op_type: str, *, modifies: Union[Tuple[int, ...], Callable] = (), view: bool = False,
            alias: bool = False, context: bool = False, collective: bool = False,
-           external: bool = False, returns_input: bool = True):
+           external: bool = False, returns_input: bool = True, writes_out: bool = False,
+           inplace: Union[bool, Tuple[int, ...]] = False):
     """Register the decorated factory as the kernel of `op_type` (duplicates are refused)."""
+    if inplace and not writes_out:
+        raise ValueError(f"kernel '{op_type}': inplace=True needs writes_out=True")
 
     def deco(factory: Callable) -> Callable:
         if op_type in KERNELS:
             raise ValueError(f"kernel for op type '{op_type}' is already registered")
         KERNELS[op_type] = KernelSpec(op_type, factory,
                                       modifies if callable(modifies) else tuple(modifies), view,
-                                      alias, context, collective, external, returns_input)
+                                      alias, context, collective, external, returns_input,
+                                      writes_out, inplace)
         return factory
 
     return deco

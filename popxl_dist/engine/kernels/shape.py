@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._scatter_add import scatter_add_rows
-from ._util import F16, F32, np_dtype
+from ._util import F16, F32, np_dtype, without_out
 from .registry import kernel
 
 __all__ = []
@@ -66,20 +66,39 @@ def _subsample_grad(attrs, ins, outs):
     return run
 
 
-@kernel("Split")
+@kernel("Split", writes_out=True)
 def _split(attrs, ins, outs):
     axis = int(attrs["axis"])
     bounds = np.cumsum(attrs["splits"])[:-1].tolist()
-    return lambda x: tuple(p.copy() for p in np.split(x, bounds, axis=axis))
+
+    def run(x, out=None):
+        parts = np.split(x, bounds, axis=axis)
+        if out is None:
+            return tuple(p.copy() for p in parts)
+        res = []
+        for p, o in zip(parts, out):
+            if o is None:
+                res.append(p.copy())
+            else:
+                np.copyto(o, p)
+                res.append(o)
+        return tuple(res)
+    return run
 
 
 def _concat_factory(attrs, ins, outs):
     axis = int(attrs["axis"])
-    return lambda *xs: np.concatenate(xs, axis=axis)
+    dt = np_dtype(outs[0])
+    if any(np_dtype(i) != dt for i in ins):
+        return without_out(lambda *xs: np.concatenate(xs, axis=axis))
+
+    def run(*xs, out=None):
+        return np.concatenate(xs, axis=axis, out=out)
+    return run
 
 
-kernel("Concat")(_concat_factory)
-kernel("ConcatInplace")(_concat_factory)
+kernel("Concat", writes_out=True)(_concat_factory)
+kernel("ConcatInplace", writes_out=True)(_concat_factory)
 
 
 # --- gather ------------------------------------------------------------------------------

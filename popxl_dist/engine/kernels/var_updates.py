@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._scatter_add import scatter_add_rows
-from ._util import F16, F32, blocks, cast, flat, np_dtype, round_f16, scalar
+from ._util import (F16, F32, blocks, cast, f16_into, flat, jit_loops, np_dtype, round_f16,
+                    scalar, scratch, to_f16)
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -107,6 +108,47 @@ def _accumulate_kernel(attrs, ins, outs):
         r = update(t if calc == t_dt else cast(t, calc), x, a, b)
         t[...] = cast(r, t_dt) if t_dt == F16 else r
         return t
+
+    if t_dt in (F16, F32) and x_dt in (F16, F32):
+        round_x = t_dt == F16 and x_dt == F32        # X is rounded into t's dtype first
+
+        def run_blocks(t, x, *extra):
+            """update() block by block (the same element-wise operations), in scratch."""
+            a, b = const if const is not None else _accumulate_coeffs(
+                mode, scalar(extra[0], cdt), cdt)
+            if not (t.flags.c_contiguous and x.shape == t.shape):
+                return run(t, x, *extra)
+            tf, xf = flat(t), flat(np.ascontiguousarray(x))
+            jit = jit_loops() if tf.size >= 4096 else None
+            if jit is not None and t_dt == F32 and x_dt == F32:      # one compiled pass
+                jit.moving_average(tf, xf, cdt.type(1) if a is None else a, b, square,
+                                   a is not None)
+                return t
+            for lo, hi in blocks(tf.size):
+                n = hi - lo
+                xv = scratch("acc_x", n)
+                if x_dt == F16:
+                    f16_into(xf[lo:hi], xv)
+                else:
+                    np.copyto(xv, xf[lo:hi])
+                if round_x:
+                    xv[...] = round_f16(xv)
+                if square:
+                    xv *= xv
+                if b != 1:
+                    xv *= b
+                tb = tf[lo:hi]
+                tv = tb if t_dt == F32 else _f32_into(tb, "acc_t")
+                if a is None:
+                    tv += xv
+                else:
+                    tv *= a
+                    tv += xv
+                if tv is not tb:
+                    to_f16(tv, tb)
+            return t
+        return run_blocks
+
     return run
 
 
@@ -188,10 +230,10 @@ def _updater_factory(attrs, ins, outs):
     wd_const = calc.type(attrs.get("wd") or 0.0)
     one = calc.type(1)
     i_m = 1 if has_w else 0
+    shape = outs[0].shape
+    fused = calc == F32
 
-    chunked = F16 in (out_dt, *(np_dtype(i) for i in ins))
-
-    def run(*args):
+    def run(*args, out=None):
         dm = dv = None
         if has_step:
             step = args[-1]
@@ -204,11 +246,23 @@ def _updater_factory(attrs, ins, outs):
         wd = (scalar(args[i_m + 2], calc) if wd_tensor else wd_const) if has_w else 0
         m_all, v_all = flat(args[i_m]), flat(args[i_m + 1])
         w_all = flat(args[0]) if has_w and wd != 0 else None
-        out = np.empty(args[i_m].shape, out_dt)
-        out_f = flat(out)
-        for lo, hi in blocks(out_f.size, chunked):
-            m = cast(m_all[lo:hi], calc)
-            v = cast(v_all[lo:hi], calc)
+        res = np.empty(shape, out_dt) if out is None else out
+        out_f = flat(res)
+        jit = jit_loops() if fused and out_f.size >= 4096 else None
+        if (jit is not None and dm is not None and dv is not None and mode != "adamax"
+                and all(a.dtype == F32 for a in (m_all, v_all, out_f))
+                and (w_all is None or w_all.dtype == F32)):
+            if w_all is None:
+                jit.adam_update(m_all, v_all, out_f, dm, dv, eps)
+            else:
+                jit.adam_update_wd(m_all, v_all, w_all, out_f, dm, dv, eps, F32.type(wd))
+            return res
+        # m / dm / (sqrt(v / dv) + eps) + wd * w, block by block (the same operations as on
+        # whole arrays: element-wise)
+        for lo, hi in blocks(out_f.size, True):
+            n = hi - lo
+            m = _f32_into(m_all[lo:hi], "adam_m") if fused else cast(m_all[lo:hi], calc)
+            v = _f32_into(v_all[lo:hi], "adam_v") if fused else cast(v_all[lo:hi], calc)
             if dm is not None:
                 m /= dm
             if dv is not None:
@@ -216,12 +270,34 @@ def _updater_factory(attrs, ins, outs):
             if mode != "adamax":
                 np.sqrt(v, out=v)
             v += eps
-            x = m / v
+            o = out_f[lo:hi]
+            x = o if o.dtype == calc else scratch("adam_x", n, calc)
+            np.divide(m, v, out=x)
             if w_all is not None:
-                x += wd * cast(w_all[lo:hi], calc)
-            out_f[lo:hi] = x if out_dt == calc else cast(x, out_dt)
-        return out
+                t = scratch("adam_t", n, calc)
+                if fused and w_all.dtype == F16:
+                    f16_into(w_all[lo:hi], t)
+                else:
+                    t[...] = w_all[lo:hi]
+                t *= wd
+                x += t
+            if x is not o:
+                if out_dt == F16 and x.dtype == F32:
+                    to_f16(x, o)
+                else:
+                    o[...] = x if out_dt == calc else cast(x, out_dt)
+        return res
     return run
+
+
+def _f32_into(a: np.ndarray, tag: str) -> np.ndarray:
+    """A float32 copy of a float16 / float32 block, in scratch `tag`."""
+    buf = scratch(tag, a.size)
+    if a.dtype == F16:
+        f16_into(a, buf)
+    else:
+        np.copyto(buf, a)
+    return buf
 
 
 def _step_written(attrs, n_inputs):
@@ -231,7 +307,7 @@ def _step_written(attrs, n_inputs):
 
 # The updaters return a new array (the update), not their input.
 for _t in ("AdamUpdater", "LambUpdater", "AdaMaxUpdater"):
-    kernel(_t, modifies=_step_written, returns_input=False)(_updater_factory)
+    kernel(_t, modifies=_step_written, returns_input=False, writes_out=True)(_updater_factory)
 
 
 @kernel("AdamVarUpdate", modifies=(0,))

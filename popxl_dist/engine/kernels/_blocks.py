@@ -1,0 +1,129 @@
+"""Helpers of the fused element-wise kernels: work block by block so temporaries stay in cache.
+
+A fused kernel runs the same NumPy operations, in the same order and on the same float32 values,
+as its unfused definition, but on blocks of a few thousand elements (whole rows for row-wise
+kernels: softmax, norms) with reusable scratch arrays and the result written straight into the
+output (a memory-plan buffer when the compiler gives one). Element-wise results do not depend on
+where an element sits in a block, and row reductions see the same row, so the bits are those of the
+unfused definition (the tests compare them). float16 operands are converted a block at a time with
+the fast converters of `_util` (never NumPy's slow float16 subnormal path).
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional, Tuple
+
+import numpy as np
+
+from ._util import F16, F32, f16_into, from_f16, scratch, to_f16
+
+__all__ = ["BLOCK", "elem_blocks", "row_blocks", "as_f32", "store", "contiguous_rows"]
+
+BLOCK = 1 << 17      # elements per block: large enough that NumPy's per-call cost is small
+
+
+def elem_blocks(n: int, block: int = 0) -> Iterator[Tuple[int, int]]:
+    """`(lo, hi)` element ranges covering n."""
+    block = block or BLOCK
+    for lo in range(0, n, block):
+        yield lo, min(lo + block, n)
+
+
+def row_blocks(rows: int, row_len: int, block: int = 0) -> Iterator[Tuple[int, int]]:
+    """`(r0, r1)` row ranges covering `rows` rows of `row_len`, about `block` elements each."""
+    step = max(1, (block or BLOCK) // max(row_len, 1))
+    for r0 in range(0, rows, step):
+        yield r0, min(r0 + step, rows)
+
+
+def as_f32(a: np.ndarray, tag: str) -> np.ndarray:
+    """`a` as float32: itself when it already is, else converted into scratch `tag`."""
+    if a.dtype == F32:
+        return a
+    buf = scratch(tag, a.size).reshape(a.shape)
+    if a.dtype == F16:
+        f16_into(a, buf)
+    else:
+        buf[...] = a
+    return buf
+
+
+def store(res: np.ndarray, out: np.ndarray) -> None:
+    """Write a float32 block result into `out` (float16 rounded with the fast converter)."""
+    if res is out:
+        return
+    if out.dtype == F16:
+        to_f16(res, out)
+    else:
+        out[...] = res
+
+
+def contiguous_rows(a: np.ndarray, row_len: int) -> Optional[np.ndarray]:
+    """A C-contiguous array as a 2-D (rows, row_len) view, else None."""
+    if not a.flags.c_contiguous or row_len == 0 or a.size % row_len:
+        return None
+    return a.reshape(-1, row_len)
+
+
+def out_array(out: Optional[np.ndarray], shape, dtype) -> np.ndarray:
+    """The preallocated output, or a new one."""
+    return np.empty(shape, dtype) if out is None else out
+
+
+def f32_work(out: np.ndarray, tag: str, n: int) -> np.ndarray:
+    """Where a block's float32 result is computed: the output block itself when it is float32,
+    else scratch (then `store` rounds it into the output)."""
+    if out.dtype == F32:
+        return out
+    return scratch(tag, n).reshape(out.shape)
+
+
+__all__ += ["out_array", "f32_work", "from_f16"]
+
+
+def _suffix_size(shape, out_shape) -> Optional[int]:
+    """Elements of an operand that broadcasts as a suffix of `out_shape` (leading 1s dropped):
+    the operand repeats every that many output elements; None for other broadcasts."""
+    s = tuple(shape)
+    while s and s[0] == 1:
+        s = s[1:]
+    if s and tuple(out_shape[len(out_shape) - len(s):]) != s:
+        return None
+    n = 1
+    for d in s:
+        n *= d
+    return n
+
+
+def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object]:
+    """`ufunc(a, b)` computed in float32 on float16 / float32 operands and rounded once to
+    `out_dtype`, block by block (rows of the broadcast operand), into `out` when given; None
+    when the broadcast is not an operand repeating as a suffix of the output."""
+    n = 1
+    for d in out_shape:
+        n *= d
+    ka, kb = _suffix_size(a_shape, out_shape), _suffix_size(b_shape, out_shape)
+    if ka is None or kb is None or (ka != n and kb != n):
+        return None
+    k = min(ka, kb) or 1           # the row length: the smaller operand repeats every k
+    rows = n // k if k else 0
+
+    def run(a, b, out=None):
+        res = np.empty(out_shape, out_dtype) if out is None else out
+        a2 = np.ascontiguousarray(a).reshape(-1, ka if ka != n else k) if n else a
+        b2 = np.ascontiguousarray(b).reshape(-1, kb if kb != n else k) if n else b
+        if ka != n:
+            a2 = as_f32(a2, "bin_a_row")
+        if kb != n:
+            b2 = as_f32(b2, "bin_b_row")
+        o2 = res.reshape(rows, k)
+        for r0, r1 in row_blocks(rows, k):
+            ab = a2[r0:r1] if ka == n else a2
+            bb = b2[r0:r1] if kb == n else b2
+            ab = as_f32(ab, "bin_a") if ka == n else ab
+            bb = as_f32(bb, "bin_b") if kb == n else bb
+            o = o2[r0:r1]
+            w = f32_work(o, "bin_w", o.size)
+            ufunc(ab, bb, out=w)
+            store(w, o)
+        return res
+    return run

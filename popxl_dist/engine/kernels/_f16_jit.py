@@ -1,0 +1,79 @@
+"""The numba loops of `_f16_numba` (imported only through it: importing this imports numba)."""
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+__all__ = ["to16", "from16"]
+
+_U32 = np.uint32
+_U16 = np.uint16
+
+
+@intrinsic
+def _trunc16(typingctx, x):
+    """float32 -> float16 bits: the CPU's conversion (round half to even, subnormals exact)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def _ext16(typingctx, x):
+    """float16 bits -> float32 (exact)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f32_to_f16(x, bits, out):
+    """x (float32) with its bits (uint32 view) -> float16 bits; NaNs as NumPy converts them
+    (payload kept, never made quiet): a second pass, only when there is a NaN."""
+    top = _U32(0)
+    for i in range(x.size):
+        out[i] = _trunc16(x[i])
+        top = max(top, bits[i] & _U32(0x7FFFFFFF))
+    if top > _U32(0x7F800000):
+        for i in range(x.size):
+            b = bits[i]
+            a = b & _U32(0x7FFFFFFF)
+            if a > _U32(0x7F800000):
+                nan = _U32(0x7C00) | ((a & _U32(0x7FFFFF)) >> _U32(13))
+                nan = _U32(0x7C01) if nan == _U32(0x7C00) else nan
+                out[i] = _U16(nan | ((b >> _U32(16)) & _U32(0x8000)))
+
+
+@intrinsic
+def _bits(typingctx, x):
+    """float32 -> its bits (uint32)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f16_to_f32(h, out_bits):
+    """float16 bits -> float32 bits (NaNs keep their payload, as NumPy's cast: a second pass,
+    only when there is a NaN)."""
+    top = _U16(0)
+    for i in range(h.size):
+        x = h[i]
+        out_bits[i] = _bits(_ext16(x))
+        top = max(top, x & _U16(0x7FFF))
+    if top > _U16(0x7C00):
+        for i in range(h.size):
+            w = _U32(h[i])
+            if (w & _U32(0x7FFF)) > _U32(0x7C00):
+                out_bits[i] = ((w & _U32(0x8000)) << _U32(16)) | _U32(0x7F800000) | \
+                    ((w & _U32(0x3FF)) << _U32(13))
+
+
+def to16(x: np.ndarray, out: np.ndarray) -> None:
+    """1-D contiguous float32 `x` -> float16 bits into `out` (uint16)."""
+    _f32_to_f16(x, x.view(np.uint32), out)
+
+
+def from16(h: np.ndarray, out: np.ndarray) -> None:
+    """1-D contiguous float16 bits `h` (uint16) -> float32 into `out`."""
+    _f16_to_f32(h, out.view(np.uint32))
