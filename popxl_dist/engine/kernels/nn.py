@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._blocks import as_f32, f32_work, row_blocks, store
-from ._util import F16, F32, from_f16, np_dtype, scratch, to_f16, without_out
+from ._util import F16, F32, cast, from_f16, np_dtype, scratch, to_f16, without_out
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -18,6 +18,11 @@ _NLL_EPS_DEFAULT = 1e-7
 
 def _calc(dt: np.dtype) -> np.dtype:
     return F32 if dt == F16 else dt
+
+
+def _as(a: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """`a.astype(dt, copy=False)` through the fast float16 converters (the same bits)."""
+    return a if a.dtype == dt else cast(a, dt)
 
 
 def _chan_shape(shape):
@@ -197,10 +202,10 @@ def _batch_norm_kernel(attrs, ins, outs):
 
     def run(x, scale, bias, mean, var):
         k = scale.astype(calc) / np.sqrt(var.astype(calc) + eps)
-        y = x.astype(calc) - mean.astype(calc).reshape(cs)
+        y = _as(x, calc) - mean.astype(calc).reshape(cs)
         y *= k.reshape(cs)
         y += bias.astype(calc).reshape(cs)
-        return y.astype(dt, copy=False)
+        return _as(y, dt)
     return run
 
 
@@ -353,7 +358,7 @@ def _conv_geometry(attrs, x_shape, w_shape, out_sp):
 
 def _conv_cols(win, x, g, calc):
     n, c = x.shape[:2]
-    xp = win.pad(x.astype(calc, copy=False)).reshape((n, g, c // g) + win.padded)
+    xp = win.pad(_as(x, calc)).reshape((n, g, c // g) + win.padded)
     cols = win.cols(xp, 3)                                    # (N, g, C/g, K, *O)
     return cols.reshape(n, g, (c // g) * win.nk, -1)          # (N, g, C/g*K, P)
 
@@ -413,7 +418,7 @@ def _conv_family(op_type: str, make_fn, doc: str):
             from .float8 import pow2scaled
 
             return pow2scaled(fn, ins, outs, op_type)
-        return lambda a, b: fn(a, b).astype(dt, copy=False)
+        return lambda a, b: _as(fn(a, b), dt)
 
     factory.__doc__ = doc
     kernel(op_type)(factory)

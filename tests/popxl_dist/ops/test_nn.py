@@ -228,6 +228,38 @@ def test_conv_matches_reference(name, kw, xs, ws):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name,kw,xs,ws", CONVS[:2], ids=[c[0] for c in CONVS[:2]])
+def test_float16_conv_rounds_the_float32_result_once(name, kw, xs, ws):
+    # values down to float16's subnormal range: the kernels' fast float16 converters must give
+    # NumPy's cast bits on the way in and out
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=xs) * np.exp2(rng.integers(-22, 4, size=xs))).astype(F16)
+    w = rng.normal(size=ws).astype(F16)
+    y16, = run_ops(lambda a, b: ops.conv(a, b, **kw), x, w)
+    y32, = run_ops(lambda a, b: ops.conv(a, b, **kw), x.astype(F32), w.astype(F32))
+    assert y16.dtype == F16
+    np.testing.assert_array_equal(y16.view(np.uint16), y32.astype(F16).view(np.uint16))
+    want = ref.conv(x.astype(F64), w.astype(F64), kw.get("stride"), kw.get("padding"),
+                    kw.get("dilation"), kw.get("groups", 1))
+    np.testing.assert_allclose(y16, want, rtol=2e-3, atol=2e-3)
+
+
+def test_float16_batch_norm_rounds_the_float32_result_once():
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(2, 3, 4, 5)) * np.exp2(rng.integers(-22, 4, size=(2, 3, 4, 5))))
+    s, b, m = (rng.normal(size=3) * 1e-3 for _ in range(3))
+    v = np.abs(rng.normal(size=3)) + 0.5
+    arrs16 = [a.astype(F16) for a in (x, s, b, m, v)]
+    build = lambda *t: ops.batch_norm_inference(*t, epsilon=1e-3)  # noqa: E731
+    y16, = run_ops(build, *arrs16)
+    a32 = [a.astype(F32) for a in arrs16]
+    k = a32[1] / np.sqrt(a32[4] + F32(1e-3))
+    cs = (1, 3, 1, 1)
+    want = ((a32[0] - a32[3].reshape(cs)) * k.reshape(cs) + a32[2].reshape(cs)).astype(F16)
+    assert y16.dtype == F16
+    np.testing.assert_array_equal(y16.view(np.uint16), want.view(np.uint16))
+
+
 @pytest.mark.parametrize("pad_type", ["same_upper", "same_lower", "valid"])
 def test_conv_pad_types(pad_type):
     rng = np.random.default_rng(1)
