@@ -21,10 +21,9 @@ def handle_negative_axis(x: np.ndarray, axis: int) -> int:
         IndexError: `x` is 0-dimensional or `axis` is outside `[-x.ndim, x.ndim)`.
     """
     if x.ndim == 0:
-        raise IndexError("handle_negative_axis: the array is 0-dimensional and has no axis")
+        raise IndexError("Array is 0-dimensional")
     if not -x.ndim <= axis < x.ndim:
-        raise IndexError(f"handle_negative_axis: axis {axis} is out of range for an array of "
-                         f"rank {x.ndim}")
+        raise IndexError(f"Axis is out of range. Axis: {axis}. Array Rank: {x.ndim}")
     return axis + x.ndim if axis < 0 else axis
 
 
@@ -43,8 +42,8 @@ def unshard_arrays(xs: List[np.ndarray], axis: int) -> np.ndarray:
     `shard` result gives them) along `axis` of a piece without that axis, and drop it."""
     xs = [np.asarray(x) for x in xs]
     if len({x.ndim for x in xs}) > 1:
-        raise ValueError(f"unshard_arrays: all arrays must have the same rank, got ranks "
-                         f"{[x.ndim for x in xs]}")
+        raise ValueError("All arrays must be of the same rank. Ranks: "
+                         + ",".join(str(x.ndim) for x in xs))
     if any(x.ndim == 0 or x.shape[0] != 1 for x in xs):
         raise ValueError(f"unshard_arrays: every array needs a leading axis of size 1, got "
                          f"shapes {[x.shape for x in xs]}")
@@ -106,17 +105,17 @@ def repeat_shard(x: np.ndarray, n_repeats: int, n_shards: int, shard_axis: int,
         return repeat_axis(shards, n_repeats, 0)
     if sharded_tensor == "strided":
         return np.repeat(shards, n_repeats, axis=0)
-    raise ValueError(f"sharded_tensor should be either 'contiguous' or 'strided', got "
-                     f"{sharded_tensor!r}")
+    raise ValueError(f"sharded_tensor should be either 'contiguous' or 'strided'. Not: "
+                     f"{sharded_tensor}")
 
 
-def _check_tp(tp: int, rf: int, what: str) -> None:
+def _check_tp(tp: int, rf: int) -> None:
     if tp > rf:
-        raise ValueError(f"{what}: the tensor parallel factor tp={tp} is larger than the "
-                         f"replication factor rf={rf}")
+        raise ValueError("tensor parallel factor `tp` is not less than replication factor "
+                         f"`rf`: {tp} > {rf}")
     if rf % tp:
-        raise ValueError(f"{what}: the tensor parallel factor tp={tp} does not divide the "
-                         f"replication factor rf={rf}")
+        raise ValueError("tensor parallel factor `tp` does not equally divide replication "
+                         f"factor `rf`: rf/tp={rf / tp}")
 
 
 def tensor_parallel_input(input_data: np.ndarray, tp: int, rf: int,
@@ -127,7 +126,7 @@ def tensor_parallel_input(input_data: np.ndarray, tp: int, rf: int,
     gets `repeat_fn(a copy of the samples with an axis 1 of size 1, i)` when given. Host-load
     and replica axes of size 1 are squeezed.
     """
-    _check_tp(tp, rf, "tensor_parallel_input")
+    _check_tp(tp, rf)
     data = np.expand_dims(np.asarray(input_data), axis=1)
     copies = [repeat_fn(data.copy(), i) if repeat_fn is not None else data for i in range(tp)]
     out = np.concatenate(copies, axis=1).reshape(-1, rf, *data.shape[2:])
@@ -140,7 +139,7 @@ def tensor_parallel_output(output_data: np.ndarray, num_host_transfers: int, tp:
     """Session output `[num_host_transfers, rf, *data_shape]` as `[samples, *data_shape]` (the
     first tensor-parallel replica's when they are identical) or `[samples, tp, *data_shape]`;
     `true_num_host_transfers` drops the transfers after it."""
-    _check_tp(tp, rf, "tensor_parallel_output")
+    _check_tp(tp, rf)
     out = np.asarray(output_data).reshape(num_host_transfers, rf // tp, tp, *data_shape)
     if true_num_host_transfers is not None:
         out = out[:true_num_host_transfers]

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # The PopART release whose PopXL API the emulator follows (see the references).
-_UPSTREAM_VERSION = (3, 4, 0)
+from ._version import EMULATOR_VERSION as __version__, UPSTREAM_VERSION as _UPSTREAM_VERSION  # noqa: E402
 
 
 class VersionNumber(NamedTuple):

@@ -24,7 +24,7 @@ from .custom_ops.cppimport_hook import install as _install_cppimport_hook
 
 _install_cppimport_hook()   # C++ custom op bindings resolve to the emulator's implementations
 
-__version__ = "0.1.0"
+from popart._version import EMULATOR_VERSION as __version__  # noqa: E402  (says emulator)
 
 __all__ = [
     "gcg", "get_current_graph", "get_ir", "get_main_graph", "gir", "gmg", "in_sequence",

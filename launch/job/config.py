@@ -18,7 +18,10 @@ __all__ = ["ConfigError", "SCHEMA", "load_config", "apply_sets", "resolve", "fin
            "find_config", "check_workers", "describe", "schema_lines", "Config",
            "BUILTIN_CONFIGS"]
 
-BUILTIN_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# configs/ of a clone (editable install), or its copy inside the installed package (`pip install .`)
+BUILTIN_CONFIGS = next((d for d in (Path(__file__).resolve().parents[1] / "configs",
+                                    Path(__file__).resolve().parents[2] / "configs") if d.is_dir()),
+                       Path(__file__).resolve().parents[2] / "configs")
 
 
 class ConfigError(ValueError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import types
 
+from popart._version import EMULATOR_VERSION as __version__  # noqa: F401
 from popart._options import (CollectiveOperator, OptimizerValue, PatternsLevel,
                              ReplicatedTensorSharding, TensorLocation, TensorStorage)
 from popxl._pb_shim import OpSettings as Settings
