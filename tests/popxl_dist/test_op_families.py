@@ -110,3 +110,13 @@ def test_grad_rules_sit_in_their_registering_modules():
                for m in REGISTERED_IN.values())
     assert set(GRAD_RULES) <= set(REGISTERED_IN)
 
+
+
+def test_the_readme_lists_every_family():
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    layout = readme[readme.index("\n## Layout\n"):]
+    table = layout[layout.index("```\nfamily "):]
+    table = table[4:table.index("```", 4)]
+    listed = {line.split()[0] for line in table.splitlines()[1:] if line and not line[0].isspace()}
+    grads = {m for m in _modules(GRADS) if not m.startswith("_")}
+    assert listed == grads, listed ^ grads
