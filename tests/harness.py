@@ -8,6 +8,9 @@ the main graph and returns a Tensor or a tuple of Tensors; each is host_stored. 
 
 `numeric_grads(fn, arrays, dys)`: central finite differences of sum(out_i * dy_i) in float64.
 
+`check_forward(fn, ref, shapes, dtype)` / `check_grads(fn, ref, shapes)`: `fn` on random inputs
+against a NumPy reference in float64 / its gradients against finite differences.
+
 `replicated_grads(fn, R, arrays, dys)`: `grads` on R replicas: `arrays` and `dys` carry a leading
 replica axis (one value per replica), and so do the results. The OpToIdentity pattern is applied
 to every graph (as `popxl_addons.patterns.apply_pre_alias_patterns` does).
@@ -95,6 +98,35 @@ def numeric_grads(fn: Callable, arrays: Sequence[np.ndarray], dys: Sequence[np.n
             g[idx] = (f(plus) - f(minus)) / (2 * eps)
         result.append(g)
     return result
+
+
+def _random_inputs(shapes, dtype, positive, seed):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.normal(size=s) for s in shapes]
+    for i in positive:
+        arrays[i] = np.abs(arrays[i]) + 0.5
+    return rng, [a.astype(dtype) for a in arrays]
+
+
+def check_forward(fn: Callable, ref: Callable, shapes, dtype, positive=(), seed: int = 0) -> None:
+    """`fn` on random inputs of `shapes` (those at `positive` indices > 0.5) keeps `dtype` and
+    matches the NumPy `ref` computed in float64 (float16: within 2e-3)."""
+    _, arrays = _random_inputs(shapes, dtype, positive, seed)
+    out, = run_ops(fn, *arrays)
+    want = ref(*[a.astype(np.float64) for a in arrays])
+    assert out.dtype == dtype
+    tol = 2e-3 if dtype == np.float16 else 1e-5
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+def check_grads(fn: Callable, ref: Callable, shapes, positive=(), seed: int = 0) -> None:
+    """The autodiff gradients of `fn` (float64 inputs of `shapes`) match finite differences."""
+    rng, arrays = _random_inputs(shapes, np.float64, positive, seed)
+    dy = rng.normal(size=np.shape(ref(*arrays)))
+    _, got = grads(fn, arrays, [dy])
+    want = numeric_grads(fn, arrays, [dy])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
 
 
 def replicated_grads(fn: Callable, R: int, arrays: Sequence[np.ndarray],

@@ -1,18 +1,11 @@
-"""Builders for op types upstream has but popxl does not expose (used by grad rules)."""
+"""`grad_op`: the builder of the dedicated grad op types (GeluGrad, SliceGrad, ...) that grad rules
+emit; upstream has them but popxl exposes no builder. (`expand` is in `shape.py`.)"""
 from __future__ import annotations
 
-from typing import Tuple
-
 from ..tensor import Tensor
-from ._builder import Out, add_op, check_tensor
+from ._builder import Out, add_op
 
-__all__ = ["expand", "grad_op"]
-
-
-def expand(t: Tensor, shape: Tuple[int, ...]) -> Tensor:
-    """Broadcast `t` to `shape` (a real copy)."""
-    check_tensor(t, "expand", "t")
-    return add_op("Expand", "expand", [t], [Out("expand_out", tuple(shape), t.dtype)])[0]
+__all__ = ["grad_op"]
 
 
 def grad_op(op_type: str, inputs, like: Tensor, attrs=None, name: str = None) -> Tensor:

@@ -26,7 +26,7 @@ from ..context import gcg
 from ..replica_grouping import ReplicaGrouping
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
-from .shape_core import reshape, transpose
+from .shape import reshape, transpose
 
 __all__ = [
     "CommGroup",

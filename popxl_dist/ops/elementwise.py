@@ -49,7 +49,7 @@ def _unary_inplace(op_type: str, api: str, t: Tensor, float_only: bool = False,
 
 
 def _as_bool(t: Tensor, opname: str, argname: str) -> Tensor:
-    from .misc_core import cast
+    from .misc import cast
 
     check_tensor(t, opname, argname)
     return t if t.dtype == dtypes.bool else cast(t, dtypes.bool)
@@ -165,7 +165,7 @@ def isinf(t: Tensor) -> Tensor:
 
 def isfinite(t: Tensor) -> Tensor:
     """Element-wise finiteness test, built as upstream: Not(Or(IsNaN, IsInf)) -> `isfinite_out`."""
-    from .misc_core import identity
+    from .misc import identity
 
     check_tensor(t, "isfinite", "t")
     return identity(logical_not(logical_or(isnan(t), isinf(t))), "isfinite_out")

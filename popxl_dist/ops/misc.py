@@ -1,18 +1,18 @@
-"""Builders: print_tensor, ipu_copy, io_tile_copy, remote_code_load (code_copy always raises)."""
+"""Builders of the ops that pass a tensor through: identity / rename, detach(_), cast,
+print_tensor, ipu_copy and io_tile_copy."""
 from __future__ import annotations
 
 from typing import Literal, Optional
 
-from popart._internal._types import CodeLocation
 from popart._internal._types import FloatFormat as _FloatFormat
 from popart._internal._types import PrintTensorFmt as _PrintTensorFmt
 
-from .. import context
-from ..graph import Graph
+from .. import context, dtypes
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
 
-__all__ = ["print_tensor", "ipu_copy", "io_tile_copy", "remote_code_load"]
+__all__ = ["identity", "rename", "detach", "detach_", "cast", "print_tensor", "ipu_copy",
+           "io_tile_copy"]
 
 PrintTensorFmt = _PrintTensorFmt
 FloatFormat = Literal["auto", "fixed", "scientific", "none"]
@@ -122,34 +122,35 @@ def io_tile_copy(t: Tensor) -> Tensor:
                   [Out("io_tile_copy_out", t.shape, t.dtype, t.meta_shape)])[0]
 
 
-CODE_LOCATION = Literal["executable", "compute_buffer", "io_buffer"]
-TO_IR_ENUM_MAP = {"io_buffer": CodeLocation.Buffer, "compute_buffer": CodeLocation.Buffer,
-                  "executable": CodeLocation.ExecutableMemory}
+def identity(t: Tensor, output_name: Optional[str] = None) -> Tensor:
+    """A copy of `t` (output named `identity_<name>` unless given)."""
+    check_tensor(t, "identity", "t")
+    return add_op("Identity", "identity", [t],
+                  [Out(output_name or f"identity_{t.name}", t.shape, t.dtype, t.meta_shape)])[0]
 
 
-def remote_code_load(graph: Graph, destination: str) -> None:
-    """Load `graph`'s code from streaming memory: a no-op in the emulator (all code is resident).
-
-    Only `destination="executable"` is supported (as upstream; "compute_buffer" and
-    "io_buffer" raise NotImplementedError); loading the current graph raises `ValueError`.
-    """
-    if not isinstance(graph, Graph):
-        raise TypeError(f"remote_code_load: 'graph' must be a popxl.Graph, got "
-                        f"{type(graph).__name__}")
-    if destination not in TO_IR_ENUM_MAP:
-        raise ValueError(f"Not a valid location: {destination}. Must choose from: "
-                         f"{', '.join(TO_IR_ENUM_MAP)}")
-    if destination != "executable":
-        raise NotImplementedError(f"remote_code_load: destination {destination!r} is not "
-                                  f"supported, only 'executable' (as upstream)")
-    if graph is context.gcg() or graph.id == context.gcg().id:
-        raise ValueError(f"remote_code_load: cannot load the code of graph '{graph.id}' from "
-                         f"inside itself")
-    add_op("RemoteCodeLoad", "remote_code_load", [], [],
-           {"graph": graph.id, "destination": destination})
+rename = identity
 
 
-def code_copy(graph: Graph, source: str, destination: str) -> None:
-    """Copy a graph's code between memory locations: not implemented upstream either."""
-    raise NotImplementedError("code_copy is not implemented (upstream raises too; use "
-                              "remote_code_load)")
+def detach(t: Tensor) -> Tensor:
+    """`t`'s value, with no gradient flowing back through it."""
+    check_tensor(t, "detach", "t")
+    return add_op("Detach", "detach", [t], [Out("detach_out", t.shape, t.dtype, t.meta_shape)])[0]
+
+
+def detach_(t: Tensor) -> Tensor:
+    """In-place (aliasing) detach."""
+    check_tensor(t, "detach_", "t")
+    return add_op("DetachInplace", "detach_inplace", [t],
+                  [Out("detach_inplace_out", t.shape, t.dtype, t.meta_shape)])[0]
+
+
+def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
+    """`t` converted to `data_type` (float to int truncates toward zero)."""
+    check_tensor(t, "cast", "t")
+    d = dtypes.dtype.as_dtype(data_type)
+    if d in dtypes.FLOAT8_DTYPES:
+        raise TypeError(f"Data type {d} not supported for popxl.ops.cast, please consider "
+                        f"pow2scale_cast_to_fp8 or pow2scale_cast_from_fp8")
+    return add_op("Cast", "cast", [t], [Out(f"{t.name}_{d.name}", t.shape, d, t.meta_shape)],
+                  {"to": d.name})[0]

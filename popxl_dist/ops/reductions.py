@@ -1,4 +1,4 @@
-"""Builders: reductions other than `sum` (mean, max, min, prod, median, sumsquare, l1, l2, logsum,
+"""Builders: reductions (sum, mean, max, min, prod, median, sumsquare, l1, l2, logsum,
 logsumexp), index reductions (argmax, argmin, topk), cumsum, histogram and lamb_square.
 
 `axis=None` reduces every axis (shape `()` unless `keepdims`); `axis` may be an int or a list with
@@ -11,12 +11,28 @@ from typing import List, Optional, Sequence, Tuple, Union
 from .. import dtypes
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor, normalize_axes
-from .reduce_core import reduce_op, reduce_shape
 
-__all__ = ["mean", "max", "min", "prod", "median", "sumsquare", "l1", "l2", "logsum",
+__all__ = ["sum", "mean", "max", "min", "prod", "median", "sumsquare", "l1", "l2", "logsum",
            "logsumexp", "argmax", "argmin", "topk", "cumsum", "histogram", "lamb_square"]
 
 Axis = Optional[Union[int, Sequence[int]]]
+
+
+def reduce_shape(t: Tensor, axes, keepdims: bool):
+    return tuple((1 if i in axes else s) for i, s in enumerate(t.shape) if keepdims or i not in axes)
+
+
+def reduce_op(op_type: str, settings: str, t: Tensor, axis, keepdims: bool, out_dtype=None) -> Tensor:
+    check_tensor(t, settings, "t")
+    axes = normalize_axes(settings, axis, t.rank)
+    shape = reduce_shape(t, axes, keepdims)
+    return add_op(op_type, op_type, [t], [Out(f"{settings}_out", shape, out_dtype or t.dtype)],
+                  {"axes": axes, "keepdims": bool(keepdims)})[0]
+
+
+def sum(t: Tensor, axis: Optional[Union[int, Sequence[int]]] = None, keepdims: bool = False) -> Tensor:
+    """Sum over `axis` (all axes when None)."""
+    return reduce_op("ReduceSum", "sum", t, axis, keepdims)
 
 
 def _float_reduce(op_type: str, settings: str, t: Tensor, axis: Axis, keepdims: bool) -> Tensor:

@@ -1,20 +1,24 @@
-"""Remote buffer ops: `remote_load`, `remote_load_`, `remote_store`.
+"""Remote buffer ops: `remote_load`, `remote_load_`, `remote_store`; `remote_code_load`
+(`code_copy` always raises).
 
 Each replica reads and writes its own copy of the buffer. An int offset becomes a uint32
 constant; a Tensor offset picks the entry at run time (out-of-range entries raise).
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
-from .. import dtypes
+from popart._internal._types import CodeLocation
+
+from .. import context, dtypes
 from ..context import gcg
+from ..graph import Graph
 from ..remote_buffer import RemoteBuffer, _check_buffer
 from ..tensor import Tensor, constant
 from ._builder import Out, add_op, check_in_graph, check_tensor
 from .host_io import init
 
-__all__ = ["remote_load", "remote_load_", "remote_store"]
+__all__ = ["remote_load", "remote_load_", "remote_store", "remote_code_load"]
 
 _OFFSET_DTYPES = (dtypes.int32, dtypes.uint32)
 
@@ -78,3 +82,36 @@ def remote_store(remote_buffer: RemoteBuffer, offset: Union[int, Tensor], t: Ten
     buf.validate_tensor_matches_buffer(t)
     off = _offset(buf, offset, "remote_store")
     add_op("RemoteStore", "remote_store", [t, off], [], {"buffer": buf.remote_buffer_id})
+
+
+CODE_LOCATION = Literal["executable", "compute_buffer", "io_buffer"]
+TO_IR_ENUM_MAP = {"io_buffer": CodeLocation.Buffer, "compute_buffer": CodeLocation.Buffer,
+                  "executable": CodeLocation.ExecutableMemory}
+
+
+def remote_code_load(graph: Graph, destination: str) -> None:
+    """Load `graph`'s code from streaming memory: a no-op in the emulator (all code is resident).
+
+    Only `destination="executable"` is supported (as upstream; "compute_buffer" and
+    "io_buffer" raise NotImplementedError); loading the current graph raises `ValueError`.
+    """
+    if not isinstance(graph, Graph):
+        raise TypeError(f"remote_code_load: 'graph' must be a popxl.Graph, got "
+                        f"{type(graph).__name__}")
+    if destination not in TO_IR_ENUM_MAP:
+        raise ValueError(f"Not a valid location: {destination}. Must choose from: "
+                         f"{', '.join(TO_IR_ENUM_MAP)}")
+    if destination != "executable":
+        raise NotImplementedError(f"remote_code_load: destination {destination!r} is not "
+                                  f"supported, only 'executable' (as upstream)")
+    if graph is context.gcg() or graph.id == context.gcg().id:
+        raise ValueError(f"remote_code_load: cannot load the code of graph '{graph.id}' from "
+                         f"inside itself")
+    add_op("RemoteCodeLoad", "remote_code_load", [], [],
+           {"graph": graph.id, "destination": destination})
+
+
+def code_copy(graph: Graph, source: str, destination: str) -> None:
+    """Copy a graph's code between memory locations: not implemented upstream either."""
+    raise NotImplementedError("code_copy is not implemented (upstream raises too; use "
+                              "remote_code_load)")

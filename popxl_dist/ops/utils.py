@@ -17,7 +17,7 @@ def cast_if_needed(t: Tensor, data_type: dtypes.dtype) -> Tensor:
     """`t` itself if it already has `data_type`, else `ops.cast(t, data_type)`."""
     if t.dtype == data_type:
         return t
-    from .misc_core import cast
+    from .misc import cast
 
     return cast(t, data_type)
 

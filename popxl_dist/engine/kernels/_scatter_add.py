@@ -14,7 +14,7 @@
 Python-level iterations (passes plus heavy destinations) are as few as the counts allow,
 at most ~2 * sqrt(N). Where the compiled loops are in use (`_util.jit_loops()`) and `out` is
 C-contiguous, the sequential loop itself runs compiled (T5's bucket gradient: 262,144 rows into
-32 destinations, ~40x faster); the bits are the same either way.
+32 destinations, ~6x faster); the bits are the same either way.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Kernels: binary arithmetic, scaled add, identity and cast."""
+"""Kernels: binary arithmetic (Add, Sub, Mul, Div, Neg, their in-place variants) and ScaledAdd."""
 from __future__ import annotations
 
 import numpy as np
 
-from ._util import (F16, F32, blocks, cast, cast_into, flat, from_f16, jit_loops, np_dtype,
+from ._util import (F16, F32, blocks, cast, flat, from_f16, jit_loops, np_dtype,
                     scalar, scratch, to_f16, ufunc_out, via_f32, without_out)
 from ._blocks import as_f32, binary_f32, store
 from .registry import kernel
@@ -187,37 +187,3 @@ def _scaled_add_inplace(attrs, ins, outs):
         x[...] = r if out == calc else cast(r, out)
         return x
     return run
-
-
-def passthrough(attrs, ins, outs):
-    """Factory of ops that are numerically the identity; the compiler copies if needed."""
-    return _same
-
-
-def _same(x):
-    return x
-
-
-kernel("Identity", view=True)(passthrough)
-
-
-@kernel("Cast", writes_out=True)
-def _cast(attrs, ins, outs):
-    dt = np_dtype(outs[0])
-    if dt.kind in "iu" and np_dtype(ins[0]).kind == "f":
-        def float_to_int(x):
-            # poplar casts truncate toward zero; NaN/inf saturate is undefined upstream
-            with np.errstate(invalid="ignore"):
-                return np.trunc(x).astype(dt)
-        return without_out(float_to_int)
-    return lambda x, out=None: cast_into(x, dt, out)
-
-
-kernel("Detach", view=True)(passthrough)
-kernel("DetachInplace", alias=True)(passthrough)
-
-
-@kernel("Expand")
-def _expand(attrs, ins, outs):
-    shape = outs[0].shape
-    return lambda x: np.broadcast_to(x, shape).copy()

@@ -1,9 +1,10 @@
-"""Kernels: PrintTensor, IpuCopy, IoTileCopy (identities) and RemoteCodeLoad (a no-op)."""
+"""Kernels: the ops that pass a tensor through: Identity, Detach(Inplace), Cast, IpuCopy and
+IoTileCopy (identities), PrintTensor."""
 from __future__ import annotations
 
 import numpy as np
 
-from .arith import passthrough
+from ._util import cast_into, np_dtype, without_out
 from .registry import kernel
 
 __all__ = ["format_tensor"]
@@ -31,6 +32,34 @@ def format_tensor(a: np.ndarray, fmt: dict) -> str:
     return s
 
 
+def passthrough(attrs, ins, outs):
+    """Factory of ops that are numerically the identity; the compiler copies if needed."""
+    return _same
+
+
+def _same(x):
+    return x
+
+
+kernel("Identity", view=True)(passthrough)
+
+
+@kernel("Cast", writes_out=True)
+def _cast(attrs, ins, outs):
+    dt = np_dtype(outs[0])
+    if dt.kind in "iu" and np_dtype(ins[0]).kind == "f":
+        def float_to_int(x):
+            # poplar casts truncate toward zero; NaN/inf saturate is undefined upstream
+            with np.errstate(invalid="ignore"):
+                return np.trunc(x).astype(dt)
+        return without_out(float_to_int)
+    return lambda x, out=None: cast_into(x, dt, out)
+
+
+kernel("Detach", view=True)(passthrough)
+kernel("DetachInplace", alias=True)(passthrough)
+
+
 @kernel("PrintTensor", context=True)
 def _print_tensor(attrs, ins, outs, env):
     """Records `<title>: <values>` for the host to print (to stderr, after the run: where
@@ -50,7 +79,3 @@ def _print_tensor(attrs, ins, outs, env):
 kernel("IpuCopy", view=True)(passthrough)
 kernel("IoTileCopy", view=True)(passthrough)
 
-
-@kernel("RemoteCodeLoad")
-def _remote_code_load(attrs, ins, outs):
-    return lambda: None

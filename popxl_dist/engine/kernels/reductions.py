@@ -1,5 +1,6 @@
-"""Kernels: reductions (ReduceMean/Max/Min/Prod/Median/SumSquare/L1/L2/LogSum/LogSumExp), ArgMax,
-ArgMin, TopK, CumSum, Histogram, LambSquare, and the grad op types of the differentiable ones.
+"""Kernels: reductions (ReduceSum/Mean/Max/Min/Prod/Median/SumSquare/L1/L2/LogSum/LogSumExp),
+ArgMax, ArgMin, TopK, CumSum, Histogram, LambSquare, and the grad op types of the differentiable
+ones.
 
 float16 inputs are computed in float32 and rounded once at the end.
 """
@@ -7,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, np_dtype
+from ._blocks import as_f32
+from ._util import F16, F32, np_dtype, to_f16, without_out
 from .registry import kernel
 
 __all__ = []
@@ -252,3 +254,22 @@ def _reduce_median_grad(attrs, ins, outs):
                           axis=-1)
         return dx.reshape(moved_shape).transpose(inv).copy()
     return run
+
+
+@kernel("ReduceSum", writes_out=True)
+def _reduce_sum(attrs, ins, outs):
+    axes = tuple(attrs["axes"])
+    keep = bool(attrs.get("keepdims", False))
+    out = np_dtype(outs[0])
+    if out == F16:
+        def run16(x, out=None):
+            return to_f16(np.sum(as_f32(x, "rsum_x"), axis=axes, keepdims=keep, dtype=F32), out)
+        return run16
+    if np_dtype(ins[0]) == out and out.kind == "f":
+        def run(x, out=None):
+            if out is None:
+                return np.asarray(np.sum(x, axis=axes, keepdims=keep), dtype=out_dt)
+            return np.sum(x, axis=axes, keepdims=keep, out=out)
+        out_dt = out
+        return run
+    return without_out(lambda x: np.asarray(np.sum(x, axis=axes, keepdims=keep), dtype=out))

@@ -1,5 +1,6 @@
 """Kernels: RemoteLoad(Inplace) and RemoteStore on the replica's own buffer copies
-(`ctx.remote[buffer_id]`, an `(entries, *shape)` array in the worker that holds the replica)."""
+(`ctx.remote[buffer_id]`, an `(entries, *shape)` array in the worker that holds the replica), and
+RemoteCodeLoad (a no-op: there is no code to move)."""
 from __future__ import annotations
 
 import numpy as np
@@ -44,3 +45,8 @@ def _remote_store(attrs, ins, outs, env):
     def run(ctx, t, offset):
         entry(ctx, offset)[...] = t
     return run
+
+
+@kernel("RemoteCodeLoad")
+def _remote_code_load(attrs, ins, outs):
+    return lambda: None

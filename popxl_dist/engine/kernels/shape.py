@@ -1,5 +1,6 @@
-"""Kernels: Slice(Inplace), Subsample, Split, Concat(Inplace), Gather/TiedGather, Scatter,
-ScatterReduce, DynamicSlice, DynamicUpdate(Inplace), OneHot and their grad op types.
+"""Kernels: Reshape and Transpose (views) and their in-place aliases, Expand, Slice(Inplace),
+Subsample, Split, Concat(Inplace), Gather/TiedGather, Scatter, ScatterReduce, DynamicSlice,
+DynamicUpdate(Inplace), OneHot and their grad op types.
 
 `ConcatInplace` is upstream's non-modifying alias of its inputs; here it is a fresh concatenation
 (same value; a later in-place write to the result does not reach the inputs).
@@ -359,3 +360,46 @@ def _onehot_grad(attrs, ins, outs):
         d = dy.astype(F32 if dt == F16 else dt, copy=False)
         return np.array([np.sum(d, where=~m), np.sum(d, where=m)], dtype=dt)
     return run
+
+
+def _reshape_factory(attrs, ins, outs):
+    shape = outs[0].shape
+
+    def run(x, out=None):
+        """A view of x when its layout allows, else a copy (into `out` when given)."""
+        if out is None:
+            return x.reshape(shape)
+        v = x.view()
+        try:
+            v.shape = shape
+            return v
+        except AttributeError:
+            np.copyto(out.reshape(x.shape), x)
+            return out
+    return run
+
+
+kernel("Reshape", view=True, writes_out=True)(_reshape_factory)
+
+
+@kernel("ReshapeInplace", alias=True)
+def _reshape_inplace(attrs, ins, outs):
+    """A view of x when NumPy can make one, else a copy (x non-contiguous, e.g. a transpose):
+    the compiler then writes changes back between the two (`_AliasPlan.reshape_syncs`)."""
+    shape = outs[0].shape
+    return lambda x: x.reshape(shape)
+
+
+def _transpose_factory(attrs, ins, outs):
+    perm = tuple(attrs["perm"])
+    return lambda x: x.transpose(perm)
+
+
+kernel("Transpose", view=True)(_transpose_factory)
+kernel("TransposeInplace", alias=True)(_transpose_factory)
+
+
+@kernel("Expand")
+def _expand(attrs, ins, outs):
+    shape = outs[0].shape
+    return lambda x: np.broadcast_to(x, shape).copy()

@@ -1,16 +1,19 @@
-"""Grad rules: the element-wise family (unary math, activations, clip, pow, fmod, Max, Where).
+"""Grad rules: the element-wise family (unary math, activations, clip, pow, fmod, Max, Where) and
+the second-order rules of ReluGrad, ClipGrad, TanhGrad and GeluErfGrad.
 
 Max: every input equal to the output receives the full dy (upstream MaxArgGradOpx builds its
 mask with `sign(x - y) + 1`, so tied inputs are not split).
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional
 
 from ... import ops
 from ...ops._internal import grad_op
 from ...tensor import Tensor, constant
 from ..grad_registry import grad_rule, no_grad, throws
+from ._common import activation_grad_grad
 
 __all__: List[str] = []
 
@@ -141,3 +144,36 @@ def _where_grad(g, dys) -> Grads:
     if g.needs(2):
         db = g.unbroadcast(ops.where(c, _zero_like(dy), dy), g.in_info(2).shape)
     return [None, da, db]
+
+
+# --- second order: the grad ops of the activations --------------------------------------------
+
+
+def _zero(info) -> Tensor:
+    return ops.init(info.shape, info.dtype, "zero_grad", "zero")
+
+
+@grad_rule("ReluGrad", "ClipGrad")
+def _mask_grad_grad(g, dys) -> Grads:
+    """dx = dy * mask(x): d dy = G * mask(x); d x = 0 (almost everywhere)."""
+    d_dy = grad_op(g.op.type, [dys[0], g.fwd_in(1)], g.in_info(0), dict(g.attrs))
+    return [d_dy, _zero(g.in_info(1)) if g.needs(1) else None]
+
+
+@grad_rule("TanhGrad")
+def _tanh_grad_grad(g, dys) -> Grads:
+    """dx = dy * (1 - y^2): d dy = G * (1 - y^2), d y = -2 y dy G."""
+    gg, y = dys[0], g.fwd_in(1)
+    d_dy = grad_op("TanhGrad", [gg, y], g.in_info(0)) if g.needs(0) else None
+    d_y = ops.negate(y * g.fwd_in(0) * gg * 2.0) if g.needs(1) else None
+    return [d_dy, d_y]
+
+
+def _gelu_erf_second(x: Tensor) -> Tensor:
+    """d^2/dx^2 of x Phi(x) = phi(x) (2 - x^2)."""
+    x2 = x * x
+    phi = ops.exp(x2 * -0.5) * (1.0 / math.sqrt(2.0 * math.pi))
+    return phi * (2.0 - x2)
+
+
+grad_rule("GeluErfGrad")(activation_grad_grad("GeluErfGrad", _gelu_erf_second))

@@ -38,7 +38,7 @@ def decoded(t: Tensor) -> Tensor:
 def matmul_pow2scaled_grad(g, dy: Tensor) -> Grads:
     """y = (a @ b) * 2^s: da = cast8((dy @ b^T) * 2^s), db = cast8((a^T @ dy) * 2^s), each
     computed in float32 from the decoded operands and cast to its operand's float8 format."""
-    from .core import matmul_operand_grads
+    from .matmul import matmul_operand_grads
 
     s = g.fwd_in(2)
     dy = ops.cast(dy, dtypes.float32)

@@ -1,8 +1,10 @@
-"""Grad rules: print_tensor (prints the gradient on request); copies and var_updates have none."""
+"""Grad rules: identity, cast and print_tensor (prints the gradient on request); detach and the
+copies between IPUs / tile sets have none."""
 from __future__ import annotations
 
 from typing import List, Optional
 
+from ... import ops
 from ...ops._builder import Out, add_op
 from ...tensor import Tensor
 from ..grad_registry import grad_rule, no_grad
@@ -11,10 +13,21 @@ __all__: list = []   # registrations only
 
 Grads = List[Optional[Tensor]]
 
-# Upstream: IpuCopy and IoTileCopy have no C++ grad op; var_updates are modifying (no grad).
-no_grad("IpuCopy", "IoTileCopy", "RemoteCodeLoad", "RemoteLoad", "RemoteLoadInplace", "RemoteStore",
-        "Accumulate", "AccumulatorScale", "SparseAccumulate", "CopyVarUpdate",
-        "AdamUpdater", "LambUpdater", "AdaMaxUpdater", "AdamVarUpdate")
+# Upstream: IpuCopy and IoTileCopy have no C++ grad op; detach stops the gradient.
+no_grad("Detach", "DetachInplace", "IpuCopy", "IoTileCopy")
+
+
+@grad_rule("Identity")
+def _identity_grad(g, dys) -> Grads:
+    return [dys[0]]
+
+
+@grad_rule("Cast")
+def _cast_grad(g, dys) -> Grads:
+    src = g.in_info(0).dtype
+    if not src.is_floating_point:
+        return [None]
+    return [ops.cast(dys[0], src)]
 
 
 @grad_rule("PrintTensor")

@@ -1,4 +1,5 @@
-"""Grad rules: reductions, TopK and CumSum. ArgMax/ArgMin/Histogram/LambSquare have no gradient.
+"""Grad rules: reductions (ReduceSum, ...), TopK and CumSum (and CumSumGrad, second order).
+ArgMax/ArgMin/Histogram/LambSquare have no gradient.
 
 ReduceMax/ReduceMin send the full `dy` to every element equal to the extremum (a mask, as
 PopART's ReduceMaxGradOpx does); PyTorch's `amax` would split it equally among ties.
@@ -8,7 +9,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ... import ops
-from ...ops._internal import expand, grad_op
+from ...ops._internal import grad_op
+from ...ops.shape import expand
 from ...tensor import Tensor, constant
 from ..grad_registry import grad_rule, no_grad
 
@@ -78,3 +80,20 @@ def _topk_grad(g, dys) -> Grads:
 def _cumsum_grad(g, dys) -> Grads:
     return [grad_op("CumSumGrad", [dys[0]], g.in_info(0),
                     {"axis": g.attrs["axis"], "reverse": not g.attrs.get("reverse", False)})]
+
+
+@grad_rule("ReduceSum")
+def _reduce_sum_grad(g, dys) -> Grads:
+    in_shape = g.in_info(0).shape
+    axes = g.attrs["axes"]
+    keep = tuple(1 if i in axes else s for i, s in enumerate(in_shape))
+    dy = dys[0]
+    if dy.shape != keep:
+        dy = ops.reshape(dy, keep) if keep else dy
+    return [expand(dy, in_shape) if dy.shape != in_shape else ops.identity(dy)]
+
+
+@grad_rule("CumSumGrad")
+def _cumsum_grad_grad(g, dys) -> Grads:
+    attrs = {"axis": g.attrs["axis"], "reverse": not g.attrs.get("reverse", True)}
+    return [grad_op("CumSum", [dys[0]], g.in_info(0), attrs, "cumsum")]

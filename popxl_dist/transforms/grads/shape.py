@@ -1,5 +1,6 @@
-"""Grad rules: slice, subsample, split, concat, gather family, scatter(_reduce), dynamic
-slice/update and onehot. `squeeze` is a Reshape (its rule is in core.py).
+"""Grad rules: reshape (squeeze is a Reshape), transpose, expand, slice, subsample, split,
+concat, gather family, scatter(_reduce), dynamic slice/update and onehot; the second-order rules
+of SliceGrad, SubsampleGrad, GatherGrad and ScatterDataGrad.
 
 Scatter with duplicate indices: every duplicate's value gets the gradient of the written position
 (upstream only the winning write would). ScatterReduce max/min: all elements equal to the result
@@ -13,6 +14,7 @@ from ... import ops
 from ...ops._internal import grad_op
 from ...tensor import Tensor
 from ..grad_registry import grad_rule, no_grad
+from ._common import same_attrs
 
 __all__ = []
 
@@ -109,3 +111,46 @@ def _dynamic_update_grad(g, dys) -> Grads:
 def _onehot_grad(g, dys) -> Grads:
     attrs = {"axis": g.attrs["axis"], "depth": g.attrs["depth"]}
     return [None, None, grad_op("OneHotGrad", [dys[0], g.fwd_in(0)], g.in_info(2), attrs)]
+
+
+@grad_rule("Reshape", "ReshapeInplace")
+def _reshape_grad(g, dys) -> Grads:
+    return [ops.reshape(dys[0], g.in_info(0).shape)]
+
+
+@grad_rule("Transpose", "TransposeInplace")
+def _transpose_grad(g, dys) -> Grads:
+    perm = list(g.attrs["perm"])
+    inv = [perm.index(i) for i in range(len(perm))]
+    return [ops.transpose(dys[0], inv)]
+
+
+@grad_rule("Expand")
+def _expand_grad(g, dys) -> Grads:
+    return [g.unbroadcast(dys[0], g.in_info(0).shape)]
+
+
+# --- second order: the grad ops are linear maps, their gradient is the adjoint ---------------
+
+
+@grad_rule("SliceGrad")
+def _slice_grad_grad(g, dys) -> Grads:
+    return [grad_op("Slice", [dys[0]], g.in_info(0), same_attrs(g, ("slices",)), "slice")]
+
+
+@grad_rule("SubsampleGrad")
+def _subsample_grad_grad(g, dys) -> Grads:
+    return [grad_op("Subsample", [dys[0]], g.in_info(0), same_attrs(g, ("strides",)), "subsample")]
+
+
+@grad_rule("GatherGrad")
+def _gather_grad_grad(g, dys) -> Grads:
+    attrs = same_attrs(g, ("axis", "group_size", "zero_OOR"))
+    return [grad_op("Gather", [dys[0], g.fwd_in(1)], g.in_info(0), attrs, "gather"), None]
+
+
+@grad_rule("ScatterDataGrad")
+def _scatter_data_grad_grad(g, dys) -> Grads:
+    # a projection (zero where the scatter wrote): its own adjoint
+    return [grad_op("ScatterDataGrad", [dys[0], g.fwd_in(1)], g.in_info(0), dict(g.attrs)),
+            None]

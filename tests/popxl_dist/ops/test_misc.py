@@ -1,12 +1,11 @@
-"""print_tensor, ipu_copy, io_tile_copy, remote_code_load, code_copy."""
+"""identity, cast, print_tensor, ipu_copy, io_tile_copy."""
 import numpy as np
 import pytest
 
 import popxl
 import popxl.ops as ops
-from popxl.ops import misc
 
-from harness import grads, run_ops
+from harness import check_forward, check_grads, grads, run_ops
 
 
 def test_print_tensor_prints_at_run_time_and_passes_through(capsys):
@@ -125,30 +124,6 @@ def test_copies_stop_the_gradient(build):
     np.testing.assert_array_equal(dx, [1.0, 1.0])
 
 
-def test_remote_code_load_is_a_no_op_and_checks_args():
-    ir = popxl.Ir()
-    with ir.main_graph:
-        g = ir.create_graph(lambda t: t + 1.0, popxl.TensorSpec((2,), popxl.float32))
-        ops.remote_code_load(g, "executable")
-        assert ir.main_graph._data.ops[-1].type == "RemoteCodeLoad"
-        x = popxl.variable(np.zeros(2), popxl.float32, "x")
-        y, = ops.call(g, x)
-        with pytest.raises(NotImplementedError, match="destination"):
-            ops.remote_code_load(g, "io_buffer")
-        with pytest.raises(ValueError, match="^Not a valid location: "):
-            ops.remote_code_load(g, "buffer")
-        with pytest.raises(TypeError, match="popxl.Graph"):
-            ops.remote_code_load("g", "executable")
-    with g:
-        with pytest.raises(ValueError, match="inside itself"):
-            ops.remote_code_load(g, "executable")
-    with pytest.raises(NotImplementedError):
-        misc.code_copy(g, "executable", "io_buffer")
-    assert "code_copy" not in ops.__all__
-    with popxl.Session(ir, "ipu_hw") as s:
-        s.run()
-
-
 def test_print_tensor_errors():
     ir = popxl.Ir()
     with ir.main_graph:
@@ -157,3 +132,14 @@ def test_print_tensor_errors():
             ops.print_tensor(x, float_format="hex")
         with pytest.raises(TypeError, match="popxl.Tensor"):
             ops.print_tensor(np.zeros(2))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_identity_matches_numpy_and_passes_the_gradient(dtype):
+    check_forward(ops.identity, lambda a: a, [(2,)], dtype)
+    check_grads(ops.identity, lambda a: a, [(2,)])
+
+
+def test_cast_truncates_toward_zero():
+    out, = run_ops(lambda a: ops.cast(a, popxl.int32), np.array([-1.7, 1.7, 2.5], np.float32))
+    np.testing.assert_array_equal(out, [-1, 1, 2])

@@ -1,13 +1,12 @@
-"""NN ops: group/layer/batch norm, nll_loss, dropout, conv and pooling against NumPy references
-(written here and in tests/references.py; conv and pooling follow PyTorch's conv2d / max_pool2d /
-avg_pool2d), gradients against finite differences (float64), op types and builder errors."""
+"""NN ops: group/layer/batch norm, nll_loss and the fused nll_loss_with_softmax_grad against NumPy
+references written here, gradients against finite differences (float64), op types and builder
+errors."""
 import numpy as np
 import pytest
 
 import popxl
 import popxl.ops as ops
 
-import references as ref
 from harness import grads, numeric_grads, run_ops
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -144,107 +143,8 @@ def test_nll_loss_grad_matches_finite_differences(reduction, ignore, log_prob):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-7)
 
 
-def _seed(a=1, b=2):
-    return np.array([a, b], np.uint32)
-
-
-def test_dropout_mask_scale_and_determinism():
-    x = np.ones((64, 64), F32)
-    y1, y2, y3 = run_ops(lambda t, s, s2: (ops.dropout(t, s, 0.25), ops.dropout(t, s, 0.25),
-                                            ops.dropout(t, s2, 0.25)), x, _seed(), _seed(3, 4))
-    assert set(np.unique(y1)) == {0.0, np.float32(1 / 0.75)}
-    assert abs((y1 == 0).mean() - 0.25) < 0.03
-    np.testing.assert_array_equal(y1, y2)                 # same seed, same mask
-    assert (y1 != y3).any()                               # another seed, another mask
-    y0, = run_ops(lambda t, s: ops.dropout(t, s, 0.0), x, _seed())
-    np.testing.assert_array_equal(y0, x)
-
-
-def test_dropout_grad_uses_the_forward_mask():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(8, 8))
-    dy = rng.normal(size=(8, 8))
-    outs, (dx,) = grads(lambda t, s: ops.dropout(t, s, 0.5), [x, _seed(7, 9)], [dy])
-    mask = outs[0] / x                                    # 0 or 2 elementwise
-    np.testing.assert_allclose(dx, dy * mask, rtol=1e-12)
-    assert (mask == 0).any() and (mask != 0).any()
-
-
-def test_shaped_dropout_drops_whole_rows():
-    x = np.ones((32, 6), F32)
-    y, = run_ops(lambda t, s: ops.shaped_dropout(t, s, (32, 1), 0.5), x, _seed())
-    rows = y[:, 0]
-    assert (y == rows[:, None]).all() and set(np.unique(rows)) == {0.0, 2.0}
-    rng = np.random.default_rng(1)
-    xx, dy = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
-    outs, (dx,) = grads(lambda t, s: ops.shaped_dropout(t, s, (4, 1), 0.5), [xx, _seed()], [dy])
-    np.testing.assert_allclose(dx, dy * (outs[0] / xx), rtol=1e-12)
-
-
-@pytest.mark.parametrize("build,err,match", [
-    (lambda x, w, s, lab: ops.group_norm(x, w, w, 3), ValueError, "num_groups 3"),
-    (lambda x, w, s, lab: ops.layer_norm(x, x, x), ValueError, r"must have shape \(4,\)"),
-    (lambda x, w, s, lab: ops.layer_norm(x, ops.cast(w, popxl.float16), w), TypeError,
-     "same dtype"),
-    (lambda x, w, s, lab: ops.batch_norm_inference(x, w, w, w, x), ValueError, "var"),
-    (lambda x, w, s, lab: ops.nll_loss(x, lab, reduction="avg"), ValueError, "reduction"),
-    (lambda x, w, s, lab: ops.nll_loss(x, x), TypeError, "integer class ids"),
-    (lambda x, w, s, lab: ops.nll_loss(w, lab), ValueError, "do not match"),
-    (lambda x, w, s, lab: ops.dropout(x, lab, 0.1), ValueError, r"uint32 of shape \(2,\)"),
-    (lambda x, w, s, lab: ops.dropout(x, s, 1.0), ValueError, r"\[0, 1\)"),
-    (lambda x, w, s, lab: ops.shaped_dropout(x, s, (3, 1), 0.5), ValueError, "broadcast"),
-])
-def test_builder_errors(build, err, match):
-    ir = popxl.Ir()
-    with ir.main_graph:
-        x = popxl.variable(np.zeros((2, 4)), popxl.float32, "x")
-        w = popxl.variable(np.zeros((4,)), popxl.float32, "w")
-        s = popxl.variable(_seed(), popxl.uint32, "s")
-        lab = popxl.variable(np.zeros((2,)), popxl.int32, "lab")
-        with pytest.raises(err, match=match):
-            build(x, w, s, lab)
-
-
-# --- conv and pooling -------------------------------------------------------------------------
-
-# (name, kwargs, x shape, w shape)
-CONVS = [
-    ("plain_2d", dict(), (2, 3, 5, 5), (4, 3, 3, 3)),
-    ("stride_pad_dilation_groups", dict(stride=(2, 1), padding=(1, 0, 1, 1), dilation=(1, 2),
-                                        groups=2), (2, 4, 5, 6), (6, 2, 3, 2)),
-    ("conv_1d", dict(stride=(2,), padding=(1, 2), dilation=(1,)), (2, 3, 7), (2, 3, 3)),
-    ("depthwise", dict(padding=(1, 1, 1, 1), groups=3), (1, 3, 4, 4), (3, 1, 3, 3)),
-]
-
-
-@pytest.mark.parametrize("name,kw,xs,ws", CONVS, ids=[c[0] for c in CONVS])
-def test_conv_matches_reference(name, kw, xs, ws):
-    rng = np.random.default_rng(0)
-    x, w = rng.normal(size=xs).astype(F32), rng.normal(size=ws).astype(F32)
-    y, = run_ops(lambda a, b: ops.conv(a, b, **kw), x, w)
-    want = ref.conv(x, w, kw.get("stride"), kw.get("padding"), kw.get("dilation"),
-                    kw.get("groups", 1))
-    assert y.shape == want.shape and np.abs(y).max() > 0
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("name,kw,xs,ws", CONVS[:2], ids=[c[0] for c in CONVS[:2]])
-def test_float16_conv_rounds_the_float32_result_once(name, kw, xs, ws):
-    # values down to float16's subnormal range: the kernels' fast float16 converters must give
-    # NumPy's cast bits on the way in and out
-    rng = np.random.default_rng(4)
-    x = (rng.normal(size=xs) * np.exp2(rng.integers(-22, 4, size=xs))).astype(F16)
-    w = rng.normal(size=ws).astype(F16)
-    y16, = run_ops(lambda a, b: ops.conv(a, b, **kw), x, w)
-    y32, = run_ops(lambda a, b: ops.conv(a, b, **kw), x.astype(F32), w.astype(F32))
-    assert y16.dtype == F16
-    np.testing.assert_array_equal(y16.view(np.uint16), y32.astype(F16).view(np.uint16))
-    want = ref.conv(x.astype(F64), w.astype(F64), kw.get("stride"), kw.get("padding"),
-                    kw.get("dilation"), kw.get("groups", 1))
-    np.testing.assert_allclose(y16, want, rtol=2e-3, atol=2e-3)
-
-
 def test_float16_batch_norm_rounds_the_float32_result_once():
+    # values down to float16's subnormal range: the fast float16 converters give NumPy's bits
     rng = np.random.default_rng(5)
     x = (rng.normal(size=(2, 3, 4, 5)) * np.exp2(rng.integers(-22, 4, size=(2, 3, 4, 5))))
     s, b, m = (rng.normal(size=3) * 1e-3 for _ in range(3))
@@ -260,99 +160,53 @@ def test_float16_batch_norm_rounds_the_float32_result_once():
     np.testing.assert_array_equal(y16.view(np.uint16), want.view(np.uint16))
 
 
-@pytest.mark.parametrize("pad_type", ["same_upper", "same_lower", "valid"])
-def test_conv_pad_types(pad_type):
-    rng = np.random.default_rng(1)
-    x, w = rng.normal(size=(1, 1, 5)).astype(F32), rng.normal(size=(1, 1, 2)).astype(F32)
-    y, = run_ops(lambda a, b: ops.conv(a, b, stride=(2,), pad_type=pad_type), x, w)
-    # out = ceil(5/2) = 3 needs a total pad of 1: at the end (upper) or the start (lower)
-    pad = {"same_upper": (0, 1), "same_lower": (1, 0), "valid": (0, 0)}[pad_type]
-    xp = np.pad(x[0, 0], pad)
-    want = np.array([xp[i:i + 2] @ w[0, 0] for i in range(0, len(xp) - 1, 2)])
-    np.testing.assert_allclose(y[0, 0], want, rtol=1e-6)
-
-
-POOLS = [
-    ("max", lambda t: ops.max_pool(t, (2, 3), stride=(2, 2), padding=(1, 1, 1, 1))),
-    ("max_dilated", lambda t: ops.max_pool(t, (2, 2), stride=(1, 1), dilation=(2, 1))),
-    ("avg", lambda t: ops.average_pool(t, (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))),
-    ("avg_ceil", lambda t: ops.average_pool(t, (2, 2), stride=(2, 2), ceil_mode=True)),
-    ("max_in_dil_out_pads", lambda t: ops.max_pool(t, (2, 2), stride=(1, 2), padding=(1, 0, 0, 1),
-                                                   in_dilations=(2, 1), out_pads=(1, 0, 0, 2))),
-    ("avg_in_dil_out_pads", lambda t: ops.average_pool(t, (3, 2), stride=(2, 1),
-                                                       padding=(1, 1, 1, 1), in_dilations=(1, 3),
-                                                       out_pads=(0, 1, 2, 0))),
-]
-
-
-def _dilate_zeros(x, dil):
-    """The input transform of in_dilations: d-1 zero cells between neighbours."""
-    shape = x.shape[:2] + tuple(d * (s - 1) + 1 for d, s in zip(dil, x.shape[2:]))
-    out = np.zeros(shape, x.dtype)
-    out[(slice(None), slice(None)) + tuple(slice(None, None, d) for d in dil)] = x
-    return out
-
-
-def _pool_ref(name, x):
-    """The POOLS cases as PyTorch defines them (max_pool2d; avg_pool2d without the padding in
-    the count), in NumPy."""
-    if name == "max":
-        return ref.pool2d(x, "max", (2, 3), (2, 2), (1, 1, 1, 1))
-    if name == "max_dilated":
-        return ref.pool2d(x, "max", (2, 2), (1, 1), dilation=(2, 1))
-    if name == "avg":
-        return ref.pool2d(x, "avg", (3, 3), (2, 2), (1, 1, 1, 1))
-    if name == "max_in_dil_out_pads":
-        y = ref.pool2d(_dilate_zeros(x, (2, 1)), "max", (2, 2), (1, 2), (1, 0, 0, 1))
-        return np.pad(y, [(0, 0), (0, 0), (1, 0), (0, 2)])
-    if name == "avg_in_dil_out_pads":
-        y = ref.pool2d(_dilate_zeros(x, (1, 3)), "avg", (3, 2), (2, 1), (1, 1, 1, 1))
-        return np.pad(y, [(0, 0), (0, 0), (0, 2), (1, 0)])
-    return ref.pool2d(x, "avg", (2, 2), (2, 2), ceil_mode=True)
-
-
-@pytest.mark.parametrize("name,build", POOLS, ids=[p[0] for p in POOLS])
-def test_pools_match_reference(name, build):
-    x = np.random.default_rng(2).normal(size=(2, 3, 5, 6)).astype(F32)
-    y, = run_ops(build, x)
-    want = _pool_ref(name, x)
-    assert y.shape == want.shape
-    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
-
-
-GRAD_CASES = [(c[0], lambda a, b, kw=c[1]: ops.conv(a, b, **kw), [(1, c[2][1]) + c[2][2:], c[3]])
-              for c in CONVS[1:3]]
-GRAD_CASES += [(p[0], p[1], [(1, 2, 4, 5)]) for p in POOLS]
-
-
-@pytest.mark.parametrize("name,build,shapes", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
-def test_conv_pool_grads_match_finite_differences(name, build, shapes):
-    rng = np.random.default_rng(3)
-    arrs = [rng.normal(size=s) for s in shapes]
-    out = run_ops(build, *arrs)[0]
-    dy = rng.normal(size=out.shape)
-    _, got = grads(build, arrs, [dy])
-    want = numeric_grads(build, arrs, [dy])
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("build,err,match", [
-    (lambda x, w: ops.conv(x, w, groups=2), ValueError, "groups 2"),
-    (lambda x, w: ops.conv(x, w, padding=(1, 1)), ValueError,
-     "'padding' must have 4 entries"),
-    (lambda x, w: ops.conv(x, w, pad_type="same"), ValueError, "pad type"),
-    (lambda x, w: ops.conv(x, ops.reshape(w, (2, 3, 4, 1))), ValueError, "larger than"),
-    (lambda x, w: ops.max_pool(x, (2,)), ValueError, "kernel_size"),
-    (lambda x, w: ops.average_pool(x, (2, 2), in_dilations=(0, 1)), ValueError,
-     "in_dilations"),
-    (lambda x, w: ops.max_pool(x, (2, 2), out_pads=(1, 1)), ValueError,
-     "'out_pads' must have 4 entries"),
+    (lambda x, w, s, lab: ops.group_norm(x, w, w, 3), ValueError, "num_groups 3"),
+    (lambda x, w, s, lab: ops.layer_norm(x, x, x), ValueError, r"must have shape \(4,\)"),
+    (lambda x, w, s, lab: ops.layer_norm(x, ops.cast(w, popxl.float16), w), TypeError,
+     "same dtype"),
+    (lambda x, w, s, lab: ops.batch_norm_inference(x, w, w, w, x), ValueError, "var"),
+    (lambda x, w, s, lab: ops.nll_loss(x, lab, reduction="avg"), ValueError, "reduction"),
+    (lambda x, w, s, lab: ops.nll_loss(x, x), TypeError, "integer class ids"),
+    (lambda x, w, s, lab: ops.nll_loss(w, lab), ValueError, "do not match"),
 ])
-def test_conv_pool_errors(build, err, match):
+def test_builder_errors(build, err, match):
     ir = popxl.Ir()
     with ir.main_graph:
-        x = popxl.variable(np.zeros((1, 3, 3, 3)), popxl.float32, "x")
-        w = popxl.variable(np.zeros((2, 3, 2, 2)), popxl.float32, "w")
+        x = popxl.variable(np.zeros((2, 4)), popxl.float32, "x")
+        w = popxl.variable(np.zeros((4,)), popxl.float32, "w")
+        s = popxl.variable(np.array([1, 2], np.uint32), popxl.uint32, "s")
+        lab = popxl.variable(np.zeros((2,)), popxl.int32, "lab")
         with pytest.raises(err, match=match):
-            build(x, w)
+            build(x, w, s, lab)
+
+
+def _softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore_index", [None, 2])
+def test_nll_loss_with_softmax_grad(reduction, ignore_index):
+    logits = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)
+    labels = np.array([0, 2, 4, 2, 1, 3], np.int32)
+    probs = _softmax(logits.astype(np.float64), -1)
+
+    def fn(p, lab):
+        return ops.nll_loss_with_softmax_grad(p, lab, loss_grad=3.0, ignore_index=ignore_index,
+                                              reduction=reduction)
+
+    loss, dx = run_ops(fn, probs.astype(np.float32), labels)
+    valid = np.ones(6, bool) if ignore_index is None else labels != ignore_index
+    per = np.where(valid, -np.log(probs[np.arange(6), labels] + 1e-7), 0)
+    onehot = np.eye(5)[labels]
+    grad = (probs - onehot) * 3.0 * valid[:, None]
+    if reduction == "mean":
+        want_loss, grad = per.sum() / valid.sum(), grad / valid.sum()
+    elif reduction == "sum":
+        want_loss = per.sum()
+    else:
+        want_loss = per
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(dx, grad, rtol=1e-5, atol=1e-6)

@@ -1,4 +1,5 @@
-"""Random ops: deterministic in the seed, distribution moments, seed splitting, no gradient."""
+"""Random ops: deterministic in the seed, distribution moments, seed splitting, no gradient;
+dropout / shaped_dropout: mask, scale, the gradient's mask, builder errors."""
 import numpy as np
 import pytest
 
@@ -7,6 +8,7 @@ import popxl.ops as ops
 
 from harness import grads, run_ops
 
+F32 = np.float32
 SEED = np.array([11, 22], np.uint32)
 
 
@@ -77,3 +79,57 @@ def test_builder_errors(build, err, match):
         bad = popxl.variable(np.zeros(3), popxl.int32, "bad")
         with pytest.raises(err, match=match):
             build(s, bad)
+
+
+# --- dropout --------------------------------------------------------------------------------------
+
+def _seed(a=1, b=2):
+    return np.array([a, b], np.uint32)
+
+
+def test_dropout_mask_scale_and_determinism():
+    x = np.ones((64, 64), F32)
+    y1, y2, y3 = run_ops(lambda t, s, s2: (ops.dropout(t, s, 0.25), ops.dropout(t, s, 0.25),
+                                            ops.dropout(t, s2, 0.25)), x, _seed(), _seed(3, 4))
+    assert set(np.unique(y1)) == {0.0, np.float32(1 / 0.75)}
+    assert abs((y1 == 0).mean() - 0.25) < 0.03
+    np.testing.assert_array_equal(y1, y2)                 # same seed, same mask
+    assert (y1 != y3).any()                               # another seed, another mask
+    y0, = run_ops(lambda t, s: ops.dropout(t, s, 0.0), x, _seed())
+    np.testing.assert_array_equal(y0, x)
+
+
+def test_dropout_grad_uses_the_forward_mask():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 8))
+    dy = rng.normal(size=(8, 8))
+    outs, (dx,) = grads(lambda t, s: ops.dropout(t, s, 0.5), [x, _seed(7, 9)], [dy])
+    mask = outs[0] / x                                    # 0 or 2 elementwise
+    np.testing.assert_allclose(dx, dy * mask, rtol=1e-12)
+    assert (mask == 0).any() and (mask != 0).any()
+
+
+def test_shaped_dropout_drops_whole_rows():
+    x = np.ones((32, 6), F32)
+    y, = run_ops(lambda t, s: ops.shaped_dropout(t, s, (32, 1), 0.5), x, _seed())
+    rows = y[:, 0]
+    assert (y == rows[:, None]).all() and set(np.unique(rows)) == {0.0, 2.0}
+    rng = np.random.default_rng(1)
+    xx, dy = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    outs, (dx,) = grads(lambda t, s: ops.shaped_dropout(t, s, (4, 1), 0.5), [xx, _seed()], [dy])
+    np.testing.assert_allclose(dx, dy * (outs[0] / xx), rtol=1e-12)
+
+
+@pytest.mark.parametrize("build,err,match", [
+    (lambda x, s, lab: ops.dropout(x, lab, 0.1), ValueError, r"uint32 of shape \(2,\)"),
+    (lambda x, s, lab: ops.dropout(x, s, 1.0), ValueError, r"\[0, 1\)"),
+    (lambda x, s, lab: ops.shaped_dropout(x, s, (3, 1), 0.5), ValueError, "broadcast"),
+])
+def test_dropout_builder_errors(build, err, match):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.zeros((2, 4)), popxl.float32, "x")
+        s = popxl.variable(_seed(), popxl.uint32, "s")
+        lab = popxl.variable(np.zeros((2,)), popxl.int32, "lab")
+        with pytest.raises(err, match=match):
+            build(x, s, lab)

@@ -9,7 +9,7 @@ import pytest
 
 import popxl
 import popxl.ops as ops
-from harness import grads, numeric_grads, run_ops
+from harness import check_forward, check_grads, grads, numeric_grads, run_ops
 
 RNG = np.random.default_rng(0)
 
@@ -248,3 +248,24 @@ def test_builder_errors(fn, exc, match):
         t = popxl.variable(np.ones((2, 3), np.float32), name="x")
         with pytest.raises(exc, match=match):
             fn(t)
+
+
+# --- sum -----------------------------------------------------------------------------------------
+SUMS = [
+    ("sum_all", ops.sum, np.sum, [(2, 3)]),
+    ("sum_axis_keep", lambda a: ops.sum(a, 1, keepdims=True), lambda a: a.sum(1, keepdims=True),
+     [(2, 3, 4)]),
+    ("sum_neg_axes", lambda a: ops.sum(a, [-1, 0]), lambda a: a.sum((0, 2)), [(2, 3, 4)]),
+]
+POSITIVE: dict = {}
+
+
+@pytest.mark.parametrize("name,fn,ref,shapes", SUMS, ids=[r[0] for r in SUMS])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_sum_forward_matches_numpy(name, fn, ref, shapes, dtype):
+    check_forward(fn, ref, shapes, dtype, positive=POSITIVE.get(name, ()))
+
+
+@pytest.mark.parametrize("name,fn,ref,shapes", SUMS, ids=[r[0] for r in SUMS])
+def test_sum_gradients_match_finite_differences(name, fn, ref, shapes):
+    check_grads(fn, ref, shapes, positive=POSITIVE.get(name, ()))

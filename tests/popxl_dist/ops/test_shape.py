@@ -9,7 +9,7 @@ import pytest
 
 import popxl
 import popxl.ops as ops
-from harness import grads, numeric_grads, run_ops
+from harness import check_forward, check_grads, grads, numeric_grads, run_ops
 
 RNG = np.random.default_rng(1)
 
@@ -450,3 +450,88 @@ def test_grouped_gather_out_of_range_and_gradient_drops_it():
     want = np.zeros_like(x, dtype=np.float64)
     np.add.at(want, gidx[[0, 2, 3]], dy[[0, 2, 3]])
     np.testing.assert_allclose(dx, want, rtol=1e-6)
+
+
+# --- grouped_scatter_reduce -----------------------------------------------------------------
+def grouped_ref(data, idx, red, size, init=None):
+    g, _, rest = data.shape[0], data.shape[1], data.shape[2:]
+    out = np.zeros((g, size) + rest) if init is None else init.copy()
+    for gi in range(g):
+        for k in range(size):
+            sel = data[gi][idx[gi] == k]
+            if not len(sel):
+                continue
+            if red == "none":
+                out[gi, k] = sel[-1]
+            elif init is None:
+                out[gi, k] = {"sum": sel.sum(0), "max": sel.max(0), "min": sel.min(0)}[red]
+            else:
+                f = {"sum": np.add, "max": np.maximum, "min": np.minimum}[red]
+                out[gi, k] = f.reduce(np.concatenate([out[gi, k][None], sel]), axis=0)
+    return out
+
+
+@pytest.mark.parametrize("red", ["sum", "max", "min", "none"])
+@pytest.mark.parametrize("with_init", [False, True])
+def test_grouped_scatter_reduce_matches_per_group_loop(red, with_init):
+    rng = np.random.default_rng(8)
+    data = rng.normal(size=(3, 6, 2))
+    idx = rng.integers(0, 4, size=(3, 6)).astype(np.int32)      # one index list per group
+    init = rng.normal(size=(3, 4, 2)) if with_init else None
+    arrays = [data, idx] + ([init] if with_init else [])
+    y, = run_ops(lambda d, i, *v: ops.grouped_scatter_reduce(
+        d, i, red, v[0] if v else None, axis=1, axis_size=4, group_size=3), *arrays)
+    np.testing.assert_allclose(y, grouped_ref(data, idx, red, 4, init), rtol=1e-12)
+
+
+def test_grouped_scatter_reduce_full_indices_and_grads():
+    rng = np.random.default_rng(9)
+    data = rng.normal(size=(2, 5, 3))
+    idx = rng.integers(0, 3, size=(2, 5, 3)).astype(np.int32)
+    fn = lambda d, i: ops.grouped_scatter_reduce(d, i, "sum", axis=1,  # noqa: E731
+                                                 axis_size=3, group_size=2)
+    y, = run_ops(fn, data, idx)
+    want = np.zeros((2, 3, 3))
+    for g, j, c in np.ndindex(*data.shape):
+        want[g, idx[g, j, c], c] += data[g, j, c]
+    np.testing.assert_allclose(y, want, rtol=1e-12)
+    dy = rng.normal(size=(2, 3, 3))
+    _, (got,) = grads(fn, [data, idx], [dy])
+    np.testing.assert_allclose(got, numeric_grads(fn, [data, idx], [dy])[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("build,err,match", [
+    (lambda x, w, i: ops.grouped_scatter_reduce(x, i, "sum", axis=0, axis_size=2,
+                                                group_size=2), ValueError, "group dim 0"),
+    (lambda x, w, i: ops.grouped_scatter_reduce(x, i, "sum", axis=1, axis_size=2,
+                                                group_size=3), ValueError, "leading group"),
+])
+def test_grouped_scatter_reduce_builder_errors(build, err, match):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.zeros((2, 2, 3, 3)), popxl.float32, "x")
+        w = popxl.variable(np.zeros((2, 3, 2, 2)), popxl.float32, "w")
+        i = popxl.variable(np.zeros((2, 2, 3, 3), np.int32), popxl.int32, "i")
+        with pytest.raises(err, match=match):
+            build(x, w, i)
+
+
+# --- reshape / flatten / transpose (views) -----------------------------------------------------
+VIEWS = [
+    ("reshape", lambda a: a.reshape((3, -1)), lambda a: a.reshape(3, -1), [(2, 3)]),
+    ("flatten", ops.flatten, lambda a: a.reshape(-1), [(2, 3)]),
+    ("transpose", lambda a: a.transpose((1, 2, 0)), lambda a: a.transpose(1, 2, 0), [(2, 3, 4)]),
+    ("T", lambda a: a.T, lambda a: a.T, [(2, 3)]),
+]
+POSITIVE: dict = {}
+
+
+@pytest.mark.parametrize("name,fn,ref,shapes", VIEWS, ids=[r[0] for r in VIEWS])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_views_forward_matches_numpy(name, fn, ref, shapes, dtype):
+    check_forward(fn, ref, shapes, dtype, positive=POSITIVE.get(name, ()))
+
+
+@pytest.mark.parametrize("name,fn,ref,shapes", VIEWS, ids=[r[0] for r in VIEWS])
+def test_views_gradients_match_finite_differences(name, fn, ref, shapes):
+    check_grads(fn, ref, shapes, positive=POSITIVE.get(name, ()))

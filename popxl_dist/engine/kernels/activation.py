@@ -1,4 +1,4 @@
-"""Kernels: Gelu (tanh approximation) and its grad, Softmax and its grad, fused NLL + softmax grad.
+"""Kernels: Gelu (tanh approximation) and its grad, Softmax and its grad.
 
 `gelu_tanh`, `gelu_tanh_grad`, `softmax` and `softmax_grad` define the arithmetic; the kernels run
 the same operations block by block (see `_blocks`), with the same bits, writing into
@@ -12,8 +12,7 @@ import numpy as np
 
 from ._blocks import (as_f32, contiguous_rows, elem_blocks, f32_work, out_array, row_blocks,
                       store)
-from ._util import (F16, F32, f16_into, from_f16, jit_loops, np_dtype, scratch, to_f16,
-                    via_f32, without_out)
+from ._util import (F16, F32, from_f16, jit_loops, np_dtype, scratch, via_f32, without_out)
 from .registry import kernel
 
 _K = np.float32(np.sqrt(2.0 / np.pi))
@@ -238,72 +237,4 @@ def _softmax_grad(attrs, ins, outs):
         return without_out(via_f32(lambda dy, y: softmax_grad(dy, y, axis), np_dtype(outs[0])))
     return _rowwise(_softmax_grad_block, lambda dy, y: softmax_grad(dy, y, axis), axis,
                     outs[0].shape, np_dtype(outs[0]))
-
-
-@kernel("NlllWithSoftmaxGradDirect", writes_out=True)
-def _nll_softmax_grad(attrs, ins, outs):
-    ignore = attrs.get("ignore_index")
-    reduction = attrs.get("reduction", "mean")
-    loss_dt, dx_dt = np_dtype(outs[0]), np_dtype(outs[1])
-    n_classes = ins[0].shape[-1]
-    loss_shape = outs[0].shape
-    dx_shape = outs[1].shape
-
-    def run(probs, labels, loss_grad, out=None):
-        p = probs.reshape(-1, n_classes)
-        lab = labels.reshape(-1).astype(np.int64, copy=False)
-        rows = np.arange(lab.shape[0])
-        valid = None if ignore is None else (lab != ignore)
-        safe = lab if valid is None else np.where(valid, lab, 0)
-        # dx starts as the float32 probabilities: in the output itself when it is float32
-        dx_out = None if out is None else out[1]
-        in_out = dx_out is not None and dx_dt == F32 and dx_out.flags.c_contiguous
-        if in_out:
-            dx = dx_out.reshape(p.shape)
-            if p.dtype == F16:
-                f16_into(p, dx)
-            else:
-                np.copyto(dx, p)
-        elif dx_dt == F16 or out is not None:          # a float32 work array, rounded below
-            dx = scratch("nll_dx", p.size).reshape(p.shape)
-            if p.dtype == F16:
-                f16_into(p, dx)
-            else:
-                np.copyto(dx, p)
-        else:
-            dx = from_f16(p) if p.dtype == F16 else p.copy()
-        picked = dx[rows, safe]
-        loss = -np.log(picked + np.float32(1e-7))
-        dx[rows, safe] -= 1
-        if valid is not None:
-            loss = np.where(valid, loss, 0).astype(loss.dtype)
-            dx[~valid] = 0
-            count = max(int(valid.sum()), 1)
-        else:
-            count = max(lab.shape[0], 1)
-        g = np.float32(np.asarray(loss_grad).reshape(()))
-        if reduction == "mean":
-            total = np.float32(loss.sum(dtype=F32) / count)
-            dx *= g / np.float32(count)
-            loss_out = np.asarray(total, dtype=loss_dt)
-        elif reduction == "sum":
-            loss_out = np.asarray(loss.sum(dtype=F32), dtype=loss_dt)
-            dx *= g
-        else:
-            loss_out = loss.reshape(loss_shape).astype(loss_dt)
-            dx *= g
-        if in_out:
-            res = dx_out
-        elif dx_out is not None:
-            store(dx.reshape(dx_shape), dx_out)
-            res = dx_out
-        elif dx_dt == F16:
-            res = to_f16(dx).reshape(dx_shape)
-        else:
-            res = dx.reshape(dx_shape).astype(dx_dt, copy=False)
-        if out is not None and out[0] is not None:
-            out[0][...] = loss_out
-            loss_out = out[0]
-        return loss_out, res
-    return run
 

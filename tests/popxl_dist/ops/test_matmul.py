@@ -1,0 +1,35 @@
+"""matmul against NumPy (2-D, batched, vectors), its gradients against finite differences, and
+float16 accumulation in float32."""
+import numpy as np
+import pytest
+
+import popxl.ops as ops
+
+from harness import check_forward, check_grads, run_ops
+
+MATMUL = [
+    ("matmul_2d", ops.matmul, np.matmul, [(2, 3), (3, 4)]),
+    ("matmul_batched", ops.matmul, np.matmul, [(2, 2, 3), (3, 4)]),
+    ("matmul_vec", ops.matmul, np.matmul, [(3,), (3, 2)]),
+    ("matmul_matvec", ops.matmul, np.matmul, [(2, 3), (3,)]),
+]
+POSITIVE: dict = {}
+
+
+@pytest.mark.parametrize("name,fn,ref,shapes", MATMUL, ids=[r[0] for r in MATMUL])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_matmul_forward_matches_numpy(name, fn, ref, shapes, dtype):
+    check_forward(fn, ref, shapes, dtype, positive=POSITIVE.get(name, ()))
+
+
+@pytest.mark.parametrize("name,fn,ref,shapes", MATMUL, ids=[r[0] for r in MATMUL])
+def test_matmul_gradients_match_finite_differences(name, fn, ref, shapes):
+    check_grads(fn, ref, shapes, positive=POSITIVE.get(name, ()))
+
+
+def test_matmul_float16_accumulates_in_float32():
+    a = np.full((1, 4096), 1.0, np.float16)
+    b = np.full((4096, 1), 1.0 / 3, np.float16)
+    out, = run_ops(ops.matmul, a, b)
+    want = np.float16(4096 * np.float32(np.float16(1 / 3)))
+    assert out[0, 0] == want
