@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 __all__ = ["gelu_inner", "gelu_outer", "gelu_grad_inner", "gelu_grad_outer", "moving_average",
-           "adam_update", "adam_update_wd", "axpy"]
+           "adam_update", "adam_update_wd", "axpy", "scatter_add_rows"]
 
 # (Kernels call these for 4096 elements or more: below, numba's per-call dispatch costs more
 # than the NumPy passes.)
@@ -100,3 +100,13 @@ def axpy(x, y, b):
     """x = x + b * y."""
     for i in range(x.size):
         x[i] = x[i] + b * y[i]
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def scatter_add_rows(out, idx, rows):
+    """out[idx[k], :] += rows[k, :] for k = 0..N-1 in order (out (D, W), rows (N, W), one dtype):
+    the sequential loop itself."""
+    for k in range(idx.size):
+        d = idx[k]
+        for j in range(out.shape[1]):
+            out[d, j] = out[d, j] + rows[k, j]

@@ -12,11 +12,15 @@
   whose running sum is sequential (unlike `np.sum`/`np.add.reduce`, which sum pairwise).
 
 Python-level iterations (passes plus heavy destinations) are as few as the counts allow,
-at most ~2 * sqrt(N).
+at most ~2 * sqrt(N). Where the compiled loops are in use (`_util.jit_loops()`) and `out` is
+C-contiguous, the sequential loop itself runs compiled (T5's bucket gradient: 262,144 rows into
+32 destinations, ~6x faster); the bits are the same either way.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from ._util import jit_loops
 
 __all__ = ["scatter_add_rows"]
 
@@ -39,6 +43,8 @@ def scatter_add_rows(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None
         rows: `(N, *inner)` array of `out`'s dtype.
     """
     n = idx.shape[0]
+    if n >= _SMALL and _compiled(out, idx, rows):
+        return
     if n < _SMALL:
         np.add.at(out, idx, rows)
         return
@@ -60,6 +66,20 @@ def scatter_add_rows(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None
         seg[0] = out[d] + seg[0]
         np.add.accumulate(seg, axis=0, out=seg)
         out[d] = seg[-1]
+
+
+def _compiled(out: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> bool:
+    """Run the compiled sequential loop where it applies; False where it does not."""
+    if not (out.flags.c_contiguous and out.dtype in (np.float32, np.float64)
+            and rows.dtype == out.dtype):
+        return False
+    jit = jit_loops()
+    if jit is None:
+        return False
+    width = int(np.prod(out.shape[1:], dtype=np.int64))
+    jit.scatter_add_rows(out.reshape(out.shape[0], width), idx.astype(np.intp, copy=False),
+                         np.ascontiguousarray(rows).reshape(idx.shape[0], width))
+    return True
 
 
 def _heavy_limit(counts: np.ndarray) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._blocks import as_f32, f32_work, row_blocks, store
-from ._util import F16, F32, f16_into, from_f16, np_dtype, scratch, to_f16, without_out
+from ._util import F16, F32, cast, f16_into, from_f16, np_dtype, scratch, to_f16, without_out
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -19,6 +19,11 @@ _NLL_EPS_DEFAULT = 1e-7
 
 def _calc(dt: np.dtype) -> np.dtype:
     return F32 if dt == F16 else dt
+
+
+def _as(a: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """`a.astype(dt, copy=False)` through the fast float16 converters (the same bits)."""
+    return a if a.dtype == dt else cast(a, dt)
 
 
 def _chan_shape(shape):
@@ -198,10 +203,10 @@ def _batch_norm_kernel(attrs, ins, outs):
 
     def run(x, scale, bias, mean, var):
         k = scale.astype(calc) / np.sqrt(var.astype(calc) + eps)
-        y = x.astype(calc) - mean.astype(calc).reshape(cs)
+        y = _as(x, calc) - mean.astype(calc).reshape(cs)
         y *= k.reshape(cs)
         y += bias.astype(calc).reshape(cs)
-        return y.astype(dt, copy=False)
+        return _as(y, dt)
     return run
 
 

@@ -37,6 +37,22 @@ def test_conv_matches_reference(name, kw, xs, ws):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name,kw,xs,ws", CONVS[:2], ids=[c[0] for c in CONVS[:2]])
+def test_float16_conv_rounds_the_float32_result_once(name, kw, xs, ws):
+    # values down to float16's subnormal range: the kernels' fast float16 converters must give
+    # NumPy's cast bits on the way in and out
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=xs) * np.exp2(rng.integers(-22, 4, size=xs))).astype(F16)
+    w = rng.normal(size=ws).astype(F16)
+    y16, = run_ops(lambda a, b: ops.conv(a, b, **kw), x, w)
+    y32, = run_ops(lambda a, b: ops.conv(a, b, **kw), x.astype(F32), w.astype(F32))
+    assert y16.dtype == F16
+    np.testing.assert_array_equal(y16.view(np.uint16), y32.astype(F16).view(np.uint16))
+    want = ref.conv(x.astype(F64), w.astype(F64), kw.get("stride"), kw.get("padding"),
+                    kw.get("dilation"), kw.get("groups", 1))
+    np.testing.assert_allclose(y16, want, rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.parametrize("pad_type", ["same_upper", "same_lower", "valid"])
 def test_conv_pad_types(pad_type):
     rng = np.random.default_rng(1)

@@ -143,6 +143,23 @@ def test_nll_loss_grad_matches_finite_differences(reduction, ignore, log_prob):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-7)
 
 
+def test_float16_batch_norm_rounds_the_float32_result_once():
+    # values down to float16's subnormal range: the fast float16 converters give NumPy's bits
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(2, 3, 4, 5)) * np.exp2(rng.integers(-22, 4, size=(2, 3, 4, 5))))
+    s, b, m = (rng.normal(size=3) * 1e-3 for _ in range(3))
+    v = np.abs(rng.normal(size=3)) + 0.5
+    arrs16 = [a.astype(F16) for a in (x, s, b, m, v)]
+    build = lambda *t: ops.batch_norm_inference(*t, epsilon=1e-3)  # noqa: E731
+    y16, = run_ops(build, *arrs16)
+    a32 = [a.astype(F32) for a in arrs16]
+    k = a32[1] / np.sqrt(a32[4] + F32(1e-3))
+    cs = (1, 3, 1, 1)
+    want = ((a32[0] - a32[3].reshape(cs)) * k.reshape(cs) + a32[2].reshape(cs)).astype(F16)
+    assert y16.dtype == F16
+    np.testing.assert_array_equal(y16.view(np.uint16), want.view(np.uint16))
+
+
 @pytest.mark.parametrize("build,err,match", [
     (lambda x, w, s, lab: ops.group_norm(x, w, w, 3), ValueError, "num_groups 3"),
     (lambda x, w, s, lab: ops.layer_norm(x, x, x), ValueError, r"must have shape \(4,\)"),

@@ -1,9 +1,22 @@
 """scatter_add_rows: the bits of a sequential `out[idx[k]] += rows[k]` loop in index order, for
-light destinations (added in passes) and heavy ones (summed by a running sum)."""
+light destinations (added in passes) and heavy ones (summed by a running sum), and by the compiled
+loop (numba) where it is in use."""
 import numpy as np
 import pytest
 
+from popxl.engine.kernels import _util
 from popxl.engine.kernels._scatter_add import scatter_add_rows
+
+
+@pytest.fixture(params=["numpy", "compiled"], autouse=True)
+def loops(request):
+    """Every test on the NumPy passes and on the compiled loop (skipped without numba)."""
+    if request.param == "numpy":
+        _util.use_compiled_converters(False)
+    elif _util.jit_loops() is None:
+        pytest.skip("numba (the `fast` extra) is not installed")
+    yield request.param
+    _util.use_compiled_converters(None)
 
 
 def _sequential(out, idx, rows):
