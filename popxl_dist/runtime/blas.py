@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import List, Optional
 
 __all__ = ["job_blas_threads", "user_blas_vars", "blas_threads", "BLAS_VARS"]
@@ -69,7 +70,12 @@ class _Limiter:
         if self._libs is None:
             try:
                 from threadpoolctl import ThreadpoolController
-            except ImportError:        # a dependency; tolerate a broken install quietly
+            except ImportError:        # a dependency: a broken or outdated install
+                warnings.warn(
+                    "popxl-dist: threadpoolctl is not installed, so BLAS threads cannot be set "
+                    "per worker: results may differ between backends and runs may be slow. "
+                    "Install it (pip install threadpoolctl; it is a dependency of popxl-dist).",
+                    RuntimeWarning, stacklevel=2)
                 self._libs = []
             else:
                 self._libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)

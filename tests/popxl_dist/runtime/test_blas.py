@@ -115,3 +115,13 @@ def test_ray_actor_environment_carries_the_job_count(clean_env):
     clean_env.setenv("OMP_NUM_THREADS", "3")
     env = _actor_env()
     assert env.get("OMP_NUM_THREADS") == "3" and "POPXL_BLAS_THREADS" not in env
+
+
+def test_missing_threadpoolctl_is_said_not_silent(monkeypatch):
+    """Without threadpoolctl (an outdated install) the thread count cannot be set, and the
+    backends may then disagree in the last bit: a warning says so instead of nothing."""
+    import sys
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    limiter = blas._Limiter()
+    with pytest.warns(RuntimeWarning, match="threadpoolctl is not installed"):
+        assert limiter._controllers() == []
