@@ -200,6 +200,7 @@ def popxl_model(cfg: Dict[str, int], dtype_name: str, replicas: int = 1):
 def run_popxl(args, cfg) -> Dict[str, Any]:
     import popxl
 
+    _import_builders()
     np.random.seed(0)
     t0 = time.process_time()
     ir, (tok_s, lab_s, loss_s), variables = popxl_model(cfg, args.dtype, args.replicas)
@@ -358,9 +359,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _import_builders() -> None:
+    """Import what the model's builders use before the clock starts (import time is not
+    compile time)."""
+    import popxl_addons  # noqa: F401
+    from popxl_addons.layers import Embedding, LayerNorm, Linear  # noqa: F401
+    from popxl_addons.optimizers.adam import AdamOptimizerStep  # noqa: F401
+
+
 def compile_only(args, cfg) -> Dict[str, Any]:
     import popxl
 
+    _import_builders()
     np.random.seed(0)
     t0, c0 = time.perf_counter(), time.process_time()
     ir, _, _ = popxl_model(cfg, args.dtype)
