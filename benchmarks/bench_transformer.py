@@ -538,8 +538,10 @@ def part_dp(args, torch_ok: bool) -> None:
         if torch_ok:
             t = recs["torch"]
             st = samples / (med(t, "wall_step_ms") / 1e3)
+            same = [b["wall_step_ms"] / a["wall_step_ms"] for a, b in zip(p, t)]
             line += (f", torch DDP {st:.1f} samples/s ({med(t, 'wall_step_ms'):.1f} ms/step): "
-                     f"popxl / DDP = {sp / st:.2f}x; losses agree to "
+                     f"popxl / DDP = {sp / st:.2f}x (same-round "
+                     f"{', '.join(f'{r:.2f}' for r in same)}); losses agree to "
                      f"{rel_diff(p[0]['losses'], t[0]['losses']):.1e}")
         print(line)
 
