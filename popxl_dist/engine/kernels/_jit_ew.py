@@ -211,7 +211,8 @@ def layer_norm_grad_rows(dy, x, w, mean, inv, prod, dxh, dx):
 def softmax_shift_rows(x, e, c):
     """e = x - max(row) for the rows of c elements of flat x. A NaN in a row is skipped by this
     max (NumPy's propagates it), but then reaches the row's sum, and the division by that sum
-    makes the whole row NaN as NumPy's softmax does."""
+    makes the whole row NaN as NumPy's softmax does (the same bits, unless one row holds NaNs of
+    different payloads: then the payload may be another of them)."""
     for lo in range(0, x.size, c):
         xr = x[lo:lo + c]
         er = e[lo:lo + c]
