@@ -15,11 +15,13 @@ the contenders alternate round by round, and the figures are medians over rounds
 * popxl float16 against popxl float32 (same run);
 * IR build + Session creation of the size-a model unrolled to 8, 32 and 96 layers (log-log slope);
 * data parallel over 2 MPI ranks (`popxl-run --backend mpi --workers 2`, all-reduce of every
-  gradient) against torch DDP (gloo, 2 processes), samples/s at sizes a and b.
+  gradient) against torch DDP (gloo, 2 processes), samples/s at sizes a and b;
+* the same unchanged 2-rank script with the default environment (no BLAS variable: the runtime's
+  BLAS policy decides) against `OPENBLAS_NUM_THREADS=1` (part `blas`, sizes a and b).
 
     python benchmarks/bench_transformer.py                      # everything (torch optional)
     python benchmarks/bench_transformer.py --parts step --sizes a b --rounds 5
-    python benchmarks/bench_transformer.py --parts f16 compile dp
+    python benchmarks/bench_transformer.py --parts f16 compile dp blas
 
 Nothing here asserts on time. A contender can be run alone in worker mode:
 `--run popxl|torch --size b [--dtype float16] [--layers 8] [--replicas 2]` prints one JSON line.
@@ -54,6 +56,8 @@ EPS = 1e-5
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
                "MALLOC_TOP_PAD_", "LD_PRELOAD")
+BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+             "POPXL_BLAS_THREADS", "OPENBLAS_THREAD_TIMEOUT")
 
 
 def emit(record: Dict[str, Any]) -> None:
@@ -196,6 +200,7 @@ def popxl_model(cfg: Dict[str, int], dtype_name: str, replicas: int = 1):
 def run_popxl(args, cfg) -> Dict[str, Any]:
     import popxl
 
+    _import_builders()
     np.random.seed(0)
     t0 = time.process_time()
     ir, (tok_s, lab_s, loss_s), variables = popxl_model(cfg, args.dtype, args.replicas)
@@ -354,9 +359,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _import_builders() -> None:
+    """Import what the model's builders use before the clock starts (import time is not
+    compile time)."""
+    import popxl_addons  # noqa: F401
+    from popxl_addons.layers import Embedding, LayerNorm, Linear  # noqa: F401
+    from popxl_addons.optimizers.adam import AdamOptimizerStep  # noqa: F401
+
+
 def compile_only(args, cfg) -> Dict[str, Any]:
     import popxl
 
+    _import_builders()
     np.random.seed(0)
     t0, c0 = time.perf_counter(), time.process_time()
     ir, _, _ = popxl_model(cfg, args.dtype)
@@ -369,9 +383,12 @@ def compile_only(args, cfg) -> Dict[str, Any]:
 
 
 # --- orchestration -----------------------------------------------------------------------------
-def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in MALLOC_VARS}
-    env.update(ONE_THREAD)
+def child_env(extra: Optional[Dict[str, str]] = None, one_thread: bool = True) -> Dict[str, str]:
+    """The contenders' environment: default malloc, 1 BLAS / OpenMP thread (`one_thread`) or no
+    BLAS variable at all (the libraries' and the runtime's defaults)."""
+    env = {k: v for k, v in os.environ.items() if k not in MALLOC_VARS + BLAS_VARS}
+    if one_thread:
+        env.update(ONE_THREAD)
     env.pop("POPXL_BACKEND", None)
     env.pop("POPXL_WORKERS", None)
     here = os.path.dirname(SCRIPT)
@@ -413,10 +430,11 @@ def launch_ddp(size: str, steps: int) -> Dict[str, Any]:
     raise RuntimeError(f"torch DDP failed:\n{outs[0][0][-2000:]}\n{outs[0][1][-3000:]}")
 
 
-def launch_popxl_dp(size: str, steps: int) -> Dict[str, Any]:
+def launch_popxl_dp(size: str, steps: int, env: Optional[Dict[str, str]] = None
+                    ) -> Dict[str, Any]:
     cmd = [sys.executable, "-m", "popxl_launch", "--backend", "mpi", "--workers", "2", SCRIPT,
            "--run", "popxl", "--size", size, "--steps", str(steps), "--replicas", "2"]
-    return launch(cmd)
+    return launch(cmd, env)
 
 
 def have_torch() -> bool:
@@ -520,16 +538,39 @@ def part_dp(args, torch_ok: bool) -> None:
         if torch_ok:
             t = recs["torch"]
             st = samples / (med(t, "wall_step_ms") / 1e3)
+            same = [b["wall_step_ms"] / a["wall_step_ms"] for a, b in zip(p, t)]
             line += (f", torch DDP {st:.1f} samples/s ({med(t, 'wall_step_ms'):.1f} ms/step): "
-                     f"popxl / DDP = {sp / st:.2f}x; losses agree to "
+                     f"popxl / DDP = {sp / st:.2f}x (same-round "
+                     f"{', '.join(f'{r:.2f}' for r in same)}); losses agree to "
                      f"{rel_diff(p[0]['losses'], t[0]['losses']):.1e}")
         print(line)
 
 
+def part_blas(args) -> None:
+    print(f"\n## an unchanged script over 2 MPI ranks (R=2): default environment (no BLAS "
+          f"variable) against OPENBLAS_NUM_THREADS=1, median of {args.rounds}")
+    envs = {"default": child_env(one_thread=False),
+            "OPENBLAS_NUM_THREADS=1": child_env({"OPENBLAS_NUM_THREADS": "1"}, one_thread=False)}
+    for size in [s for s in args.sizes if s in ("a", "b")]:
+        steps = args.steps or STEPS[size]
+        recs: Dict[str, List[Dict[str, Any]]] = {k: [] for k in envs}
+        for rnd in range(args.rounds):
+            for name in (list(envs) if rnd % 2 == 0 else list(envs)[::-1]):
+                recs[name].append(launch_popxl_dp(size, steps, envs[name]))
+        d, o = recs["default"], recs["OPENBLAS_NUM_THREADS=1"]
+        ratios = [x["wall_step_ms"] / y["wall_step_ms"] for x, y in zip(d, o)]
+        same = d[0]["losses"] == o[0]["losses"]
+        print(f"size {size}: default {med(d, 'wall_step_ms'):.1f} ms/step, "
+              f"OPENBLAS_NUM_THREADS=1 {med(o, 'wall_step_ms'):.1f} ms/step: default / one "
+              f"thread = {med(d, 'wall_step_ms') / med(o, 'wall_step_ms'):.2f}x (same-round "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}); losses "
+              f"{'bitwise equal' if same else 'differ'}")
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", nargs="+", default=["step", "f16", "compile", "dp"],
-                   choices=["step", "f16", "compile", "dp"])
+    p.add_argument("--parts", nargs="+", default=["step", "f16", "compile", "dp", "blas"],
+                   choices=["step", "f16", "compile", "dp", "blas"])
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=0, help="measured steps per run (0: per size)")
@@ -568,6 +609,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         part_compile(args)
     if "dp" in args.parts:
         part_dp(args, torch_ok)
+    if "blas" in args.parts:
+        part_blas(args)
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
 
 

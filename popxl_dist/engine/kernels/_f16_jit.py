@@ -30,11 +30,12 @@ def _ext16(typingctx, x):
 def _f32_to_f16(x, bits, out):
     """x (float32) with its bits (uint32 view) -> float16 bits; NaNs as NumPy converts them
     (payload kept, never made quiet): a second pass, only when there is a NaN."""
-    top = _U32(0)
+    nan = False          # tested on the floats: an integer max would widen and not vectorise
     for i in range(x.size):
-        out[i] = _trunc16(x[i])
-        top = max(top, bits[i] & _U32(0x7FFFFFFF))
-    if top > _U32(0x7F800000):
+        v = x[i]
+        out[i] = _trunc16(v)
+        nan |= v != v
+    if nan:
         for i in range(x.size):
             b = bits[i]
             a = b & _U32(0x7FFFFFFF)
@@ -56,12 +57,12 @@ def _bits(typingctx, x):
 def _f16_to_f32(h, out_bits):
     """float16 bits -> float32 bits (NaNs keep their payload, as NumPy's cast: a second pass,
     only when there is a NaN)."""
-    top = _U16(0)
+    nan = False
     for i in range(h.size):
-        x = h[i]
-        out_bits[i] = _bits(_ext16(x))
-        top = max(top, x & _U16(0x7FFF))
-    if top > _U16(0x7C00):
+        v = _ext16(h[i])
+        out_bits[i] = _bits(v)
+        nan |= v != v
+    if nan:
         for i in range(h.size):
             w = _U32(h[i])
             if (w & _U32(0x7FFF)) > _U32(0x7C00):

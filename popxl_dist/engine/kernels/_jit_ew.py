@@ -12,7 +12,9 @@ import numpy as np
 from numba import njit
 
 __all__ = ["gelu_inner", "gelu_outer", "gelu_grad_inner", "gelu_grad_outer", "moving_average",
-           "adam_update", "adam_update_wd", "axpy", "scatter_add_rows"]
+           "adam_update", "adam_update_wd", "axpy", "scatter_add_rows", "row_sum",
+           "layer_norm_rows", "layer_norm_grad_rows", "softmax_shift_rows", "softmax_scale_rows",
+           "softmax_grad_rows"]
 
 # (Kernels call these for 4096 elements or more: below, numba's per-call dispatch costs more
 # than the NumPy passes.)
@@ -110,3 +112,147 @@ def scatter_add_rows(out, idx, rows):
         d = idx[k]
         for j in range(out.shape[1]):
             out[d, j] = out[d, j] + rows[k, j]
+
+
+# --- row kernels: the row sums are NumPy's add-reduce of a contiguous row (pairwise summation) --
+# (Loops index row slices from 0: numba's wrap-around of negative indices otherwise keeps LLVM
+# from vectorising them.)
+_ZERO = _F(0)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _pairwise(a):
+    """NumPy's pairwise sum of the contiguous float32 row `a` (`pairwise_sum`: below 8
+    elements in order, up to 128 in 8 interleaved partial sums, above that two halves split at
+    a multiple of 8)."""
+    n = a.size
+    if n < 8:
+        res = _ZERO
+        for i in range(n):
+            res = res + a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = a[0], a[1], a[2], a[3]
+        r4, r5, r6, r7 = a[4], a[5], a[6], a[7]
+        m = n - n % 8
+        for k in range(1, m // 8):
+            j = 8 * k
+            r0 = r0 + a[j]
+            r1 = r1 + a[j + 1]
+            r2 = r2 + a[j + 2]
+            r3 = r3 + a[j + 3]
+            r4 = r4 + a[j + 4]
+            r5 = r5 + a[j + 5]
+            r6 = r6 + a[j + 6]
+            r7 = r7 + a[j + 7]
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        for i in range(m, n):
+            res = res + a[i]
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise(a[:n2]) + _pairwise(a[n2:])
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def row_sum(a):
+    """`np.add.reduce` of a contiguous float32 row into a float32 output: 0 + the pairwise
+    sum."""
+    return _ZERO + _pairwise(a)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _row_mean(a):
+    """`_mean_rows` of nn.py: the row sum divided by the count in float64, rounded."""
+    return _F(np.float64(row_sum(a)) / np.float64(a.size))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def layer_norm_rows(x, w, b, eps, xc, y, mean, inv):
+    """LayerNorm of the rows of x (rows * c, flat; w, b (c,); xc scratch of x's size): the
+    passes of nn.py's `_layer_norm_fused` (mean, x - mean, (x - mean)**2, its mean, + eps, sqrt,
+    1 / ., * , * w, + b) row by row."""
+    c = w.size
+    for r in range(mean.size):
+        xr = x[r * c:(r + 1) * c]
+        cr = xc[r * c:(r + 1) * c]
+        yr = y[r * c:(r + 1) * c]
+        m = _row_mean(xr)
+        for i in range(c):
+            d = xr[i] - m
+            cr[i] = d
+            yr[i] = d * d
+        v = _row_mean(yr)
+        v = v + eps
+        v = _F(math.sqrt(v))
+        v = _ONE / v
+        for i in range(c):
+            yr[i] = ((cr[i] * v) * w[i]) + b[i]
+        mean[r] = m
+        inv[r] = v
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def layer_norm_grad_rows(dy, x, w, mean, inv, prod, dxh, dx):
+    """dx of LayerNorm and dy * xhat (into `prod`, summed for dweight by the caller), rows of
+    (rows * c, flat) arrays, the passes of nn.py's `_layer_norm_grad_fused`; dxh scratch."""
+    c = w.size
+    for r in range(mean.size):
+        xr = x[r * c:(r + 1) * c]
+        gr = dy[r * c:(r + 1) * c]
+        pr = prod[r * c:(r + 1) * c]
+        hr = dxh[r * c:(r + 1) * c]
+        dr = dx[r * c:(r + 1) * c]
+        m = mean[r]
+        ib = inv[r]
+        for i in range(c):
+            xh = (xr[i] - m) * ib
+            pr[i] = gr[i] * xh
+            hr[i] = gr[i] * w[i]
+        s = _row_mean(hr)
+        for i in range(c):
+            dr[i] = hr[i] * ((xr[i] - m) * ib)         # t, summed next
+        s2 = _row_mean(dr)
+        for i in range(c):
+            dr[i] = ((hr[i] - s) - ((xr[i] - m) * ib) * s2) * ib
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def softmax_shift_rows(x, e, c):
+    """e = x - max(row) for the rows of c elements of flat x. A NaN in a row is skipped by this
+    max (NumPy's propagates it), but then reaches the row's sum, and the division by that sum
+    makes the whole row NaN as NumPy's softmax does (the same bits, unless one row holds NaNs of
+    different payloads: then the payload may be another of them)."""
+    for lo in range(0, x.size, c):
+        xr = x[lo:lo + c]
+        er = e[lo:lo + c]
+        m = xr[0]
+        for i in range(1, c):
+            v = xr[i]
+            m = v if v > m else m
+        for i in range(c):
+            er[i] = xr[i] - m
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def softmax_scale_rows(e, c):
+    """e /= sum(row) for the rows of c elements of flat e."""
+    for lo in range(0, e.size, c):
+        er = e[lo:lo + c]
+        s = row_sum(er)
+        for i in range(c):
+            er[i] = er[i] / s
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def softmax_grad_rows(dy, y, g, c):
+    """g = dy * y - y * sum(dy * y) over the rows of c elements of the flat arrays."""
+    for lo in range(0, y.size, c):
+        dr = dy[lo:lo + c]
+        yr = y[lo:lo + c]
+        gr = g[lo:lo + c]
+        for i in range(c):
+            gr[i] = dr[i] * yr[i]
+        s = row_sum(gr)
+        for i in range(c):
+            gr[i] = gr[i] - yr[i] * s

@@ -6,7 +6,7 @@ preallocated outputs.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 
@@ -204,6 +204,13 @@ def _rowwise(block_fn: Callable, fallback: Callable, axis: int, shape, dt: np.dt
 
 
 def _softmax_block(x: np.ndarray, e: np.ndarray) -> None:
+    jit = jit_loops() if x.size >= 4096 and e.flags.c_contiguous else None
+    if jit is not None:                  # the passes around exp compiled, row by row
+        c = x.shape[-1]
+        jit.softmax_shift_rows(x.reshape(-1), e.reshape(-1), c)
+        np.exp(e, out=e)
+        jit.softmax_scale_rows(e.reshape(-1), c)
+        return
     m = scratch("softmax_m", x.shape[0]).reshape(-1, 1)
     np.maximum.reduce(x, axis=-1, keepdims=True, out=m)        # np.max, np.sum without
     np.subtract(x, m, out=e)                                   # their Python wrappers
@@ -213,6 +220,10 @@ def _softmax_block(x: np.ndarray, e: np.ndarray) -> None:
 
 
 def _softmax_grad_block(dy: np.ndarray, y: np.ndarray, g: np.ndarray) -> None:
+    jit = jit_loops() if y.size >= 4096 and g.flags.c_contiguous else None
+    if jit is not None:                  # the same passes, row by row, compiled
+        jit.softmax_grad_rows(dy.reshape(-1), y.reshape(-1), g.reshape(-1), y.shape[-1])
+        return
     s = scratch("softmax_s", y.shape[0]).reshape(-1, 1)
     t = scratch("softmax_t", y.size).reshape(y.shape)
     np.multiply(dy, y, out=g)

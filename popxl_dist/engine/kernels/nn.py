@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._blocks import as_f32, f32_work, row_blocks, store
-from ._util import F16, F32, cast, f16_into, from_f16, np_dtype, scratch, to_f16, without_out
+from ._util import (F16, F32, cast, f16_into, from_f16, jit_loops, np_dtype, scratch, to_f16,
+                    without_out)
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -94,6 +95,16 @@ def _layer_norm_fused(shape, dt: np.dtype, eps):
             m = scratch("ln_m", rows).reshape(rows, 1)
             v = scratch("ln_v", rows).reshape(rows, 1)
             xc = scratch("ln_xc", xb.size).reshape(xb.shape)
+            yb = f32_work(y[r0:r1], "ln_y", xb.size)
+            jit = jit_loops() if xb.size >= 4096 and yb.flags.c_contiguous else None
+            if jit is not None:                  # the same passes, row by row, compiled
+                jit.layer_norm_rows(xb.reshape(-1), w32.reshape(-1), b32.reshape(-1), eps,
+                                    xc.reshape(-1), yb.reshape(-1), m.reshape(-1),
+                                    v.reshape(-1))
+                store(yb, y[r0:r1])
+                store(m.reshape(-1), mean[r0:r1])
+                store(v.reshape(-1), inv[r0:r1])
+                continue
             sq = scratch("ln_sq", xb.size).reshape(xb.shape)
             _mean_rows(xb, m)
             np.subtract(xb, m, out=xc)
@@ -102,7 +113,6 @@ def _layer_norm_fused(shape, dt: np.dtype, eps):
             v += eps
             np.sqrt(v, out=v)
             np.divide(1, v, out=v)
-            yb = f32_work(y[r0:r1], "ln_y", xb.size)
             np.multiply(xc, v, out=yb)
             yb *= w32
             yb += b32
@@ -131,15 +141,24 @@ def _layer_norm_grad_fused(shape, dt: np.dtype, out_dts):
             mb = as_f32(mean[r0:r1], "ln_mb").reshape(rows, 1)
             ib = as_f32(inv[r0:r1], "ln_ib").reshape(rows, 1)
             dyb = dy32[r0:r1]
-            xh = scratch("ln_xc", xb.size).reshape(xb.shape)
             dxh = scratch("ln_sq", xb.size).reshape(xb.shape)
+            dxb = f32_work(dx[r0:r1], "ln_y", xb.size)
+            jit = jit_loops() if xb.size >= 4096 and dxb.flags.c_contiguous else None
+            if jit is not None:                  # the same passes, row by row, compiled
+                jit.layer_norm_grad_rows(dyb.reshape(-1), xb.reshape(-1), w32.reshape(-1),
+                                         np.ascontiguousarray(mb).reshape(-1),
+                                         np.ascontiguousarray(ib).reshape(-1),
+                                         prod[r0:r1].reshape(-1), dxh.reshape(-1),
+                                         dxb.reshape(-1))
+                store(dxb, dx[r0:r1])
+                continue
+            xh = scratch("ln_xc", xb.size).reshape(xb.shape)
             t = scratch("lng_t", xb.size).reshape(xb.shape)
             s = scratch("ln_m", rows).reshape(rows, 1)
             np.subtract(xb, mb, out=xh)
             xh *= ib
             np.multiply(dyb, xh, out=prod[r0:r1])
             np.multiply(dyb, w32, out=dxh)
-            dxb = f32_work(dx[r0:r1], "ln_y", xb.size)
             _mean_rows(dxh, s)
             np.subtract(dxh, s, out=dxb)
             np.multiply(dxh, xh, out=t)

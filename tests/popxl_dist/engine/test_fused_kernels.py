@@ -375,3 +375,35 @@ def test_to_f16_bits_edge_cases():
     u = np.concatenate([u, u | 0x80000000])
     x = u.view(np.float32)
     assert_bits(to_f16(x).view(np.uint16), f16(x).view(np.uint16))
+
+
+@pytest.mark.parametrize("c", [1, 7, 8, 9, 64, 100, 128, 129, 136, 255, 256, 300, 768, 1000])
+def test_row_kernels_bits_every_row_length(c):
+    """The row kernels (compiled row by row when numba is installed: their row sums must be
+    NumPy's pairwise sums) give the definitions' bits for row lengths around the pairwise
+    summation's thresholds, and with zeros of both signs, infinities and NaN in some rows."""
+    n = max(4, -(-5000 // c))
+    x = (rng.normal(size=(n, c)) * 10.0 ** rng.uniform(-3, 3, (n, 1))).astype(F32)
+    x[0] = -0.0
+    x[1] = 0.0
+    x[2, 0] = np.inf
+    x[3, -1] = np.nan
+    dy = rng.normal(size=(n, c)).astype(F32)
+    with np.errstate(all="ignore"):
+        y = kernel("Softmax", {"axis": -1}, [x], [((n, c), F32)])(x)
+        want_y = softmax_ref(x)
+        assert_bits(y, want_y)
+        g = kernel("SoftmaxGrad", {"axis": -1}, [dy, want_y], [((n, c), F32)])(dy, want_y)
+        assert_bits(g, softmax_grad_ref(dy, want_y))
+        w, b = rng.normal(size=c).astype(F32), rng.normal(size=c).astype(F32)
+        attrs = {"num_groups": 1, "epsilon": 1e-5}
+        got = kernel("GroupNormalization", attrs, [x, w, b],
+                     [((n, c), F32), ((n,), F32), ((n,), F32)])(x, w, b)
+        want = layer_norm_ref(x, w, b, 1e-5)
+        for a, e in zip(got, want):
+            assert_bits(a, e)
+        _, mean, inv = want
+        got = kernel("GroupNormalizationGrad", attrs, [dy, x, w, mean, inv],
+                     [((n, c), F32), ((c,), F32), ((c,), F32)])(dy, x, w, mean, inv)
+        for a, e in zip(got, layer_norm_grad_ref(dy, x, w, mean, inv)):
+            assert_bits(a, e)
