@@ -64,33 +64,11 @@ def die_with_parent(parent: int):
     return setup
 
 
-def _descendants(root: int) -> list:
-    """Pids of every live descendant of `root` (from /proc; empty elsewhere)."""
-    children: dict = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL `proc` and every process it started (the job's ranks and their wrappers: a rank
     that is stopped or ignores signals would otherwise outlive the job)."""
-    for pid in [*_descendants(proc.pid), proc.pid]:
+    from popxl.runtime.proc_tree import descendants   # here: the launchers start without popxl
+    for pid in [*descendants(proc.pid), proc.pid]:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:

@@ -36,6 +36,7 @@ from .liveness import Watchdog
 from .mesh import MeshMember, listen_address, new_token
 from .pipes import shm_supported, unlink_segments
 from .polling import Backoff, process_start_time, process_stopped
+from .proc_tree import descendants
 from .pool import WorkerPool
 from .ray_init import init_ray, spans_nodes
 from .service import WorkerService
@@ -143,7 +144,7 @@ class _RayProcess:
         if self.reaper is None:
             return
         lines = [f"shm {shm_prefix}"]
-        for pid in _descendants(os.getpid()):
+        for pid in descendants(os.getpid()):
             if pid != self.reaper.pid:
                 lines.append(f"kill {pid} {process_start_time(pid)}")
         self._tell("\n".join(lines) + "\n")
@@ -171,24 +172,6 @@ class _RayProcess:
             except (OSError, subprocess.TimeoutExpired):
                 pass
             self.reaper = None
-
-
-def _descendants(root: int) -> List[int]:
-    children: dict = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), ()):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 _RAY = _RayProcess()
