@@ -159,3 +159,16 @@ def replicated_grads(fn: Callable, R: int, arrays: Sequence[np.ndarray],
         res = sess.run({s: a if R > 1 else a[0] for s, a in feeds.items()})
     vals = [res[s] if R > 1 else res[s][np.newaxis] for s in d2h]
     return vals[:len(dys)], vals[len(dys):]
+
+
+def check_image_builder_error(build: Callable, err: type, match: str) -> None:
+    """`build(x, w, i)` on an image batch x (2, 2, 3, 3), conv weights w (2, 3, 2, 2) and int32
+    indices i (2, 2, 3, 3) raises `err` matching `match` while the graph is built."""
+    import pytest
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.zeros((2, 2, 3, 3)), popxl.float32, "x")
+        w = popxl.variable(np.zeros((2, 3, 2, 2)), popxl.float32, "w")
+        i = popxl.variable(np.zeros((2, 2, 3, 3), np.int32), popxl.int32, "i")
+        with pytest.raises(err, match=match):
+            build(x, w, i)

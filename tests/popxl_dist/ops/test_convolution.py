@@ -9,7 +9,7 @@ import popxl
 import popxl.ops as ops
 
 import references as ref
-from harness import grads, numeric_grads, run_ops
+from harness import check_image_builder_error, grads, numeric_grads, run_ops
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 
@@ -242,10 +242,4 @@ def test_conv_transpose_grads_match_finite_differences():
      "larger than the full"),
 ])
 def test_builder_errors(build, err, match):
-    ir = popxl.Ir()
-    with ir.main_graph:
-        x = popxl.variable(np.zeros((2, 2, 3, 3)), popxl.float32, "x")
-        w = popxl.variable(np.zeros((2, 3, 2, 2)), popxl.float32, "w")
-        i = popxl.variable(np.zeros((2, 2, 3, 3), np.int32), popxl.int32, "i")
-        with pytest.raises(err, match=match):
-            build(x, w, i)
+    check_image_builder_error(build, err, match)

@@ -8,7 +8,7 @@ import pytest
 import popxl
 import popxl.ops as ops
 
-from harness import run_ops
+from harness import check_image_builder_error, run_ops
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 
@@ -112,10 +112,4 @@ def test_roi_align_batch_index_out_of_range_raises():
     (lambda x, w, i: ops.roi_align(x, w, i, (2, 2), 1.0, 0), ValueError, "num_rois, 4"),
 ])
 def test_builder_errors(build, err, match):
-    ir = popxl.Ir()
-    with ir.main_graph:
-        x = popxl.variable(np.zeros((2, 2, 3, 3)), popxl.float32, "x")
-        w = popxl.variable(np.zeros((2, 3, 2, 2)), popxl.float32, "w")
-        i = popxl.variable(np.zeros((2, 2, 3, 3), np.int32), popxl.int32, "i")
-        with pytest.raises(err, match=match):
-            build(x, w, i)
+    check_image_builder_error(build, err, match)
