@@ -24,6 +24,12 @@ BLOCK = 1 << 17      # elements per block: large enough that NumPy's per-call co
 def elem_blocks(n: int, block: int = 0) -> Iterator[Tuple[int, int]]:
     """`(lo, hi)` element ranges covering n."""
     block = block or BLOCK
+    if 0 < n <= block:               # one block: no generator (small tensors, many calls)
+        return ((0, n),)
+    return _ranges(n, block)
+
+
+def _ranges(n: int, block: int) -> Iterator[Tuple[int, int]]:
     for lo in range(0, n, block):
         yield lo, min(lo + block, n)
 
@@ -31,8 +37,9 @@ def elem_blocks(n: int, block: int = 0) -> Iterator[Tuple[int, int]]:
 def row_blocks(rows: int, row_len: int, block: int = 0) -> Iterator[Tuple[int, int]]:
     """`(r0, r1)` row ranges covering `rows` rows of `row_len`, about `block` elements each."""
     step = max(1, (block or BLOCK) // max(row_len, 1))
-    for r0 in range(0, rows, step):
-        yield r0, min(r0 + step, rows)
+    if 0 < rows <= step:             # one block: no generator (small tensors, many calls)
+        return ((0, rows),)
+    return _ranges(rows, step)
 
 
 def as_f32(a: np.ndarray, tag: str) -> np.ndarray:

@@ -16,8 +16,9 @@ __all__ = ["gelu_inner", "gelu_outer", "gelu_grad_inner", "gelu_grad_outer", "mo
            "layer_norm_rows", "layer_norm_grad_rows", "softmax_shift_rows", "softmax_scale_rows",
            "softmax_grad_rows"]
 
-# (Kernels call these for 4096 elements or more: below, numba's per-call dispatch costs more
-# than the NumPy passes.)
+# (Kernels call these at every size: one dispatch, a few microseconds, costs less than the NumPy
+# passes it replaces even on a few hundred elements, where each NumPy call is ~1 us of overhead:
+# GPT-3 tiny's LayerNorm grad at (8, 64) 46 -> 22 us. Issue 23 "none slower".)
 
 _F = np.float32
 _C = _F(0.044715)

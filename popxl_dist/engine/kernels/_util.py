@@ -32,7 +32,10 @@ def f16_into(h: np.ndarray, out: np.ndarray) -> np.ndarray:
     """`h` (float16) converted into `out` (float32, C-contiguous, h's shape); returns out."""
     conv = _converters()
     if conv is not None and out.flags.c_contiguous:
-        conv[1](np.ascontiguousarray(h).reshape(-1).view(np.uint16), out.reshape(-1))
+        if h.ndim == 1 and out.ndim == 1 and h.flags.c_contiguous:      # no reshapes needed
+            conv[1](h.view(np.uint16), out)
+        else:
+            conv[1](np.ascontiguousarray(h).reshape(-1).view(np.uint16), out.reshape(-1))
     else:
         np.take(_F16_TO_F32, h.view(np.uint16), out=out)
     return out
@@ -78,9 +81,12 @@ def _f32_to_f16(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     float16 array of x's shape, when given)."""
     if out is None:
         out = np.empty(np.shape(x), np.float16)
+    conv = _converters()
+    if conv is not None and x.ndim == 1 and out.ndim == 1 and x.flags.c_contiguous:
+        conv[0](x, out.view(np.uint16))             # no reshapes needed
+        return out
     x = np.ascontiguousarray(x)
     bits = out.reshape(-1).view(np.uint16)
-    conv = _converters()
     if conv is not None:
         conv[0](x.reshape(-1), bits)
         return out
@@ -159,6 +165,14 @@ def _f32_bits_to_f16(u: np.ndarray, out: np.ndarray) -> None:
 def round_f16(x: np.ndarray) -> np.ndarray:
     """float32 values rounded to float16's (bit for bit `x.astype(float16).astype(float32)`),
     computed in float32 without the two conversions."""
+    conv = _converters()
+    if conv is not None:               # two compiled passes (the definition) beat a dozen NumPy ones
+        x32 = np.ascontiguousarray(x, np.float32).reshape(-1)
+        out = np.empty(x32.size, np.float32)
+        bits = scratch("round_f16", x32.size, np.uint16)
+        conv[0](x32, bits)
+        conv[1](bits, out)
+        return out.reshape(np.shape(x))
     u = np.ascontiguousarray(x, np.float32).view(_U32).reshape(-1)
     out = np.empty(u.size, _U32)
     for i in range(0, u.size, _CHUNK):
@@ -207,7 +221,7 @@ def to_f16(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 def blocks(n: int, chunked: bool = True):
     """`(lo, hi)` ranges covering n elements: `_CHUNK`-sized when `chunked` (float16 kernels
     run their conversions and arithmetic block by block, in cache), else one range."""
-    if not chunked:
+    if not chunked or 0 < n <= _CHUNK:
         return ((0, n),)
     return ((i, min(i + _CHUNK, n)) for i in range(0, n, _CHUNK))
 
@@ -280,20 +294,26 @@ def ufunc_out(ufunc, ins, outs) -> Callable:
 
 
 _SCRATCH = threading.local()
+_DTYPES = {np.float32: F32, F32: F32}      # dtype argument -> np.dtype, without np.dtype()'s cost
 
 
-def scratch(tag: str, n: int, dtype=np.float32) -> np.ndarray:
+def scratch(tag: str, n: int, dtype=F32) -> np.ndarray:
     """A reusable 1-D work array of at least `n` elements of `dtype` for this thread (fused
     kernels' temporaries: allocated once, grown when a larger one is asked for, and shared by
-    every kernel using the same tag; one kernel never uses a tag twice at once)."""
-    pool = getattr(_SCRATCH, "pool", None)
-    if pool is None:
+    every kernel using the same tag; one kernel never uses a tag twice at once). Called tens of
+    thousands of times a step on small models: kept to a few dictionary lookups."""
+    try:
+        pool = _SCRATCH.pool
+    except AttributeError:
         pool = _SCRATCH.pool = {}
-    key = (tag, np.dtype(dtype))
+    dt = _DTYPES.get(dtype)
+    if dt is None:
+        dt = _DTYPES[dtype] = np.dtype(dtype)
+    key = (tag, dt)
     a = pool.get(key)
     if a is None or a.size < n:
-        a = pool[key] = np.empty(max(n, 1), dtype)
-    return a[:n]
+        a = pool[key] = np.empty(max(n, 1), dt)
+    return a if a.size == n else a[:n]
 
 
 def scalar(x, dtype=np.float32):

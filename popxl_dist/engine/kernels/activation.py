@@ -114,7 +114,7 @@ def _fusable(ins, outs) -> bool:
 
 def _gelu_block_jit(x: np.ndarray, y: np.ndarray) -> None:
     """`_gelu_block` with its passes around tanh compiled (the same operations: same bits)."""
-    jit = jit_loops() if x.size >= 4096 else None
+    jit = jit_loops() if x.size > 0 else None
     if jit is None:
         if y.ctypes.data == x.ctypes.data:
             t = scratch("ew_out", x.size)
@@ -130,7 +130,7 @@ def _gelu_block_jit(x: np.ndarray, y: np.ndarray) -> None:
 
 
 def _gelu_grad_block_jit(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
-    jit = jit_loops() if x.size >= 4096 else None
+    jit = jit_loops() if x.size > 0 else None
     if jit is None:
         _gelu_grad_block(dy, x, g)
         return
@@ -204,7 +204,7 @@ def _rowwise(block_fn: Callable, fallback: Callable, axis: int, shape, dt: np.dt
 
 
 def _softmax_block(x: np.ndarray, e: np.ndarray) -> None:
-    jit = jit_loops() if x.size >= 4096 and e.flags.c_contiguous else None
+    jit = jit_loops() if x.size > 0 and e.flags.c_contiguous else None
     if jit is not None:                  # the passes around exp compiled, row by row
         c = x.shape[-1]
         jit.softmax_shift_rows(x.reshape(-1), e.reshape(-1), c)
@@ -220,7 +220,7 @@ def _softmax_block(x: np.ndarray, e: np.ndarray) -> None:
 
 
 def _softmax_grad_block(dy: np.ndarray, y: np.ndarray, g: np.ndarray) -> None:
-    jit = jit_loops() if y.size >= 4096 and g.flags.c_contiguous else None
+    jit = jit_loops() if y.size > 0 and g.flags.c_contiguous else None
     if jit is not None:                  # the same passes, row by row, compiled
         jit.softmax_grad_rows(dy.reshape(-1), y.reshape(-1), g.reshape(-1), y.shape[-1])
         return

@@ -96,7 +96,7 @@ def _layer_norm_fused(shape, dt: np.dtype, eps):
             v = scratch("ln_v", rows).reshape(rows, 1)
             xc = scratch("ln_xc", xb.size).reshape(xb.shape)
             yb = f32_work(y[r0:r1], "ln_y", xb.size)
-            jit = jit_loops() if xb.size >= 4096 and yb.flags.c_contiguous else None
+            jit = jit_loops() if xb.size > 0 and yb.flags.c_contiguous else None
             if jit is not None:                  # the same passes, row by row, compiled
                 jit.layer_norm_rows(xb.reshape(-1), w32.reshape(-1), b32.reshape(-1), eps,
                                     xc.reshape(-1), yb.reshape(-1), m.reshape(-1),
@@ -143,7 +143,7 @@ def _layer_norm_grad_fused(shape, dt: np.dtype, out_dts):
             dyb = dy32[r0:r1]
             dxh = scratch("ln_sq", xb.size).reshape(xb.shape)
             dxb = f32_work(dx[r0:r1], "ln_y", xb.size)
-            jit = jit_loops() if xb.size >= 4096 and dxb.flags.c_contiguous else None
+            jit = jit_loops() if xb.size > 0 and dxb.flags.c_contiguous else None
             if jit is not None:                  # the same passes, row by row, compiled
                 jit.layer_norm_grad_rows(dyb.reshape(-1), xb.reshape(-1), w32.reshape(-1),
                                          np.ascontiguousarray(mb).reshape(-1),

@@ -119,7 +119,7 @@ def _accumulate_kernel(attrs, ins, outs):
             if not (t.flags.c_contiguous and x.shape == t.shape):
                 return run(t, x, *extra)
             tf, xf = flat(t), flat(np.ascontiguousarray(x))
-            jit = jit_loops() if tf.size >= 4096 else None
+            jit = jit_loops() if tf.size > 0 else None
             if jit is not None and t_dt == F32 and x_dt == F32:      # one compiled pass
                 jit.moving_average(tf, xf, cdt.type(1) if a is None else a, b, square,
                                    a is not None)
@@ -248,7 +248,7 @@ def _updater_factory(attrs, ins, outs):
         w_all = flat(args[0]) if has_w and wd != 0 else None
         res = np.empty(shape, out_dt) if out is None else out
         out_f = flat(res)
-        jit = jit_loops() if fused and out_f.size >= 4096 else None
+        jit = jit_loops() if fused and out_f.size > 0 else None
         if (jit is not None and dm is not None and dv is not None and mode != "adamax"
                 and all(a.dtype == F32 for a in (m_all, v_all, out_f))
                 and (w_all is None or w_all.dtype == F32)):
