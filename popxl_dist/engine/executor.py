@@ -16,6 +16,7 @@ import numpy as np
 from .._ir.records import IrData, TensorKind
 from ..dtypes import storage_numpy
 from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerError
+from ..runtime.env import positive_int
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
 
@@ -59,15 +60,8 @@ def replica_threads(local_replicas: int, workers: int) -> int:
     `POPXL_REPLICA_THREADS` sets it. Each replica computes exactly as when run alone (one BLAS
     thread, its own buffers and scratch), and collectives combine the replicas in replica order,
     so the bits do not depend on it."""
-    value = os.environ.get("POPXL_REPLICA_THREADS", "").strip()
-    if value:
-        try:
-            n = int(value)
-        except ValueError:
-            raise ValueError(f"POPXL_REPLICA_THREADS must be a positive int, got {value!r}") \
-                from None
-        if n < 1:
-            raise ValueError(f"POPXL_REPLICA_THREADS must be a positive int, got {n}")
+    n = positive_int("POPXL_REPLICA_THREADS")
+    if n is not None:
         return max(1, min(n, local_replicas))
     try:
         cores = len(os.sched_getaffinity(0))

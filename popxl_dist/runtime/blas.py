@@ -29,6 +29,8 @@ import threading
 import warnings
 from typing import List, Optional
 
+from .env import positive_int
+
 __all__ = ["job_blas_threads", "user_blas_vars", "blas_threads", "BLAS_VARS"]
 
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
@@ -41,14 +43,8 @@ def user_blas_vars() -> dict:
 
 def job_blas_threads() -> Optional[int]:
     """The BLAS thread count of this job's workers, or None to leave BLAS as the user set it."""
-    value = os.environ.get("POPXL_BLAS_THREADS", "").strip()
-    if value:
-        try:
-            n = int(value)
-        except ValueError:
-            raise ValueError(f"POPXL_BLAS_THREADS must be a positive int, got {value!r}") from None
-        if n < 1:
-            raise ValueError(f"POPXL_BLAS_THREADS must be a positive int, got {n}")
+    n = positive_int("POPXL_BLAS_THREADS")
+    if n is not None:
         return n
     if user_blas_vars():
         return None

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
-__all__ = ["backend_name", "worker_count", "collective_timeout", "ray_address", "ray_transport",
+__all__ = ["backend_name", "positive_int", "worker_count", "collective_timeout", "ray_address", "ray_transport",
            "BACKENDS"]
 
 BACKENDS = ("local", "mpi", "ray")
@@ -16,17 +17,23 @@ def backend_name() -> str:
     return name
 
 
-def worker_count(default: int = 1) -> int:
-    value = os.environ.get("POPXL_WORKERS", "").strip()
+def positive_int(name: str) -> Optional[int]:
+    """Environment variable `name` as a positive int, None when unset or empty."""
+    value = os.environ.get(name, "").strip()
     if not value:
-        return default
+        return None
     try:
         n = int(value)
     except ValueError:
-        raise ValueError(f"POPXL_WORKERS must be a positive int, got {value!r}") from None
+        raise ValueError(f"{name} must be a positive int, got {value!r}") from None
     if n < 1:
-        raise ValueError(f"POPXL_WORKERS must be a positive int, got {n}")
+        raise ValueError(f"{name} must be a positive int, got {n}")
     return n
+
+
+def worker_count(default: int = 1) -> int:
+    n = positive_int("POPXL_WORKERS")
+    return default if n is None else n
 
 
 def collective_timeout() -> float:
