@@ -294,11 +294,8 @@ def _reading(path: str):
     `BadZipFile: File is not a zip file`, a truncated `.npy` a reshape error, ...): ValueError,
     or OSError with the file name."""
     try:
-        yield
-    except OSError as e:
-        if e.filename:
-            raise
-        raise OSError(e.errno, e.strerror or str(e), path) from e
+        with _naming(path):
+            yield
     except (ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         if path in str(e):
             raise
