@@ -195,6 +195,12 @@ class _Run:
         return "; ".join(parts)
 
 
+def _resume_point(run: _Run) -> str:
+    """What a resumed run would start from: the latest checkpoint, or the start."""
+    last = run.rd.latest_checkpoint()
+    return f"the checkpoint of step {last[0]}" if last else "the start"
+
+
 def train_and_test(job) -> int:
     """Run `job` (a `run.Job`); returns the exit status."""
     t_start = time.perf_counter()
@@ -228,16 +234,14 @@ def train_and_test(job) -> int:
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()
-        last = run.rd.latest_checkpoint()
-        where = f"the checkpoint of step {last[0]}" if last else "the start"
+        where = _resume_point(run)
         print(f"\nInterrupted at step {step}; continue from {where} with: "
               f"{run.resume_command()}", file=sys.stderr, flush=True)
         return 130
     except _CheckpointNotWritten as e:          # a full disk, a read-only folder ...
         if bar is not None:
             bar.close()
-        last = run.rd.latest_checkpoint()
-        where = f"the checkpoint of step {last[0]}" if last else "the start"
+        where = _resume_point(run)
         print(f"popxl-run: cannot write the checkpoint of step {e.step}: {e.error}; continue "
               f"from {where} with: {run.resume_command()}", file=sys.stderr, flush=True)
         return 1
