@@ -117,11 +117,7 @@ class Endpoint:
         """Push queued messages and take in arrived ones on every link; True if anything moved."""
         moved = False
         for link in self._link_list:
-            if not link.idle:
-                sent = link.sent
-                link.flush()
-                moved = moved or link.sent != sent
-            if link.pump(self._deliver):
+            if link.progress(self._deliver):
                 moved = True
         return moved
 

@@ -61,11 +61,7 @@ class Uplink:
                     break
                 link.post(kind, 0, a, 0, meta)
                 moved = True
-            if not link.idle:
-                sent = link.sent
-                link.flush()
-                moved = moved or link.sent != sent
-            if link.pump(self._deliver):
+            if link.progress(self._deliver):
                 moved = True
             if self._stop.is_set() and link.idle and self._queue.empty():
                 return

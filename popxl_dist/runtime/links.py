@@ -125,6 +125,16 @@ class Link:
     def idle(self) -> bool:
         return not self._queue
 
+    def progress(self, deliver: Callable[[Message], None]) -> bool:
+        """Push queued bytes, then read what has arrived (`deliver` each complete message);
+        True if anything moved either way."""
+        moved = False
+        if self._queue:
+            sent = self.sent
+            self.flush()
+            moved = self.sent != sent
+        return self.pump(deliver) or moved
+
     # --- receiving ---------------------------------------------------------------------------
     def _start_message(self) -> None:
         self._hdr = bytearray(_HDR.size)
