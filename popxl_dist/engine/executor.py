@@ -19,6 +19,7 @@ from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerError
 from ..runtime.env import positive_int
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
+from .kernels._util import fp_events
 
 __all__ = ["ReplicaContext", "Worker", "group_layout", "shard_of", "unshard"]
 
@@ -271,7 +272,7 @@ class Worker:
                     chunk[...] = 0
 
     def _execute(self, cg) -> None:
-        with np.errstate(**self._fp_events):
+        with fp_events(self._fp_events):
             if cg.has_collectives:
                 self._lockstep(cg)
                 return
@@ -288,7 +289,7 @@ class Worker:
                     raise err from e
 
     def _in_fp_state(self, fn, ctx, arg):
-        with np.errstate(**self._fp_events):
+        with fp_events(self._fp_events):
             return fn(ctx, arg)
 
     def _each_replica(self, fn, args: Sequence) -> list:

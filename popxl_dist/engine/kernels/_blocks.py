@@ -14,7 +14,7 @@ from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
-from ._util import F16, F32, f16_into, from_f16, scratch, to_f16
+from ._util import F16, F32, f16_into, from_f16, jit_loops, jit_view, scratch, to_f16
 
 __all__ = ["BLOCK", "elem_blocks", "row_blocks", "as_f32", "store", "contiguous_rows"]
 
@@ -101,6 +101,16 @@ def _suffix_size(shape, out_shape) -> Optional[int]:
     return n
 
 
+def _same_buffer(out: np.ndarray, x: np.ndarray) -> bool:
+    """Whether 1-D contiguous `x` is `out`'s own memory (a buffer the memory plan handed over, or
+    an in-place op); other overlaps are not expected: `out` is then fresh memory."""
+    return x.size == out.size and x.__array_interface__["data"][0] == \
+        out.__array_interface__["data"][0]
+
+
+_JIT_OPS = {np.add: 0, np.subtract: 1, np.multiply: 2}     # `_jit_ew.binary_rows`'s op codes
+
+
 def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object]:
     """`ufunc(a, b)` computed in float32 on float16 / float32 operands and rounded once to
     `out_dtype`, block by block (rows of the broadcast operand), into `out` when given; None
@@ -113,9 +123,22 @@ def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object
         return None
     k = min(ka, kb) or 1           # the row length: the smaller operand repeats every k
     rows = n // k if k else 0
+    op = _JIT_OPS.get(ufunc)
 
     def run(a, b, out=None):
         res = np.empty(out_shape, out_dtype) if out is None else out
+        jit = jit_loops() if op is not None and n and res.flags.c_contiguous else None
+        if jit is not None:                     # one compiled pass, float16 read and written
+            af = jit_view(np.ascontiguousarray(a).reshape(-1))
+            bf = jit_view(np.ascontiguousarray(b).reshape(-1))
+            of = jit_view(res.reshape(-1))
+            if _same_buffer(of, af):
+                jit.binary_rows_into(op, of, bf, k, kb != n, True)
+            elif _same_buffer(of, bf):
+                jit.binary_rows_into(op, of, af, k, ka != n, False)
+            else:
+                jit.binary_rows(op, af, bf, of, k, ka != n, kb != n)
+            return res
         a2 = np.ascontiguousarray(a).reshape(-1, ka if ka != n else k) if n else a
         b2 = np.ascontiguousarray(b).reshape(-1, kb if kb != n else k) if n else b
         if ka != n:

@@ -2,9 +2,9 @@
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-__all__ = ["to16", "from16"]
+__all__ = ["to16", "from16", "trunc16", "load", "put"]
 
 _U32 = np.uint32
 _U16 = np.uint16
@@ -78,3 +78,51 @@ def to16(x: np.ndarray, out: np.ndarray) -> None:
 def from16(h: np.ndarray, out: np.ndarray) -> None:
     """1-D contiguous float16 bits `h` (uint16) -> float32 into `out`."""
     _f16_to_f32(h, out.view(np.uint32))
+
+
+# --- float16 inside compiled loops -----------------------------------------------------------
+# Loops of `_jit_ew` read and write float16 arrays (passed as uint16 views) element by element
+# with `load` / `put`, float32 arrays unchanged: one pass computes in float32 and rounds once.
+# `load` / `put` are the CPU's conversions alone, which differ from NumPy's casts only on
+# signalling NaNs (the CPU makes them quiet). They serve loops in which every loaded value goes
+# through float32 arithmetic before anything is stored: that makes NaNs quiet in NumPy's
+# arithmetic too, so the bits are the same.
+
+@njit(nogil=True, cache=True)
+def trunc16(v):
+    """float32 -> float16 bits, as `to16` (signalling NaNs stay signalling, as NumPy's cast)."""
+    if v != v:
+        b = _bits(v)
+        a = b & _U32(0x7FFFFFFF)
+        nan = _U32(0x7C00) | ((a & _U32(0x7FFFFF)) >> _U32(13))
+        nan = _U32(0x7C01) if nan == _U32(0x7C00) else nan
+        return _U16(nan | ((b >> _U32(16)) & _U32(0x8000)))
+    return _trunc16(v)
+
+
+def load(a, i):
+    """`a[i]` as float32: float16 bits (uint16) converted, float32 as it is."""
+
+
+def put(a, i, v):
+    """`a[i] = v` (float32, the result of arithmetic): rounded to float16 bits when `a` is
+    uint16."""
+
+
+@overload(load)
+def _load(a, i):
+    if a.dtype == types.uint16:
+        return lambda a, i: _ext16(a[i])
+    return lambda a, i: a[i]
+
+
+@overload(put)
+def _put(a, i, v):
+    if a.dtype == types.uint16:
+        def put16(a, i, v):
+            a[i] = _trunc16(v)
+        return put16
+
+    def put32(a, i, v):
+        a[i] = v
+    return put32

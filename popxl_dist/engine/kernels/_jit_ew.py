@@ -11,8 +11,11 @@ import math
 import numpy as np
 from numba import njit
 
+from ._f16_jit import _ext16, load, put, trunc16
+
 __all__ = ["gelu_inner", "gelu_outer", "gelu_grad_inner", "gelu_grad_outer", "moving_average",
-           "adam_update", "adam_update_wd", "axpy", "scatter_add_rows", "row_sum",
+           "adam_update", "adam_update_wd", "axpy", "scaled_add", "binary_rows",
+           "binary_rows_into", "scatter_add_rows", "row_sum",
            "layer_norm_rows", "layer_norm_grad_rows", "softmax_shift_rows", "softmax_scale_rows",
            "softmax_grad_rows"]
 
@@ -69,40 +72,107 @@ def gelu_grad_outer(dy, x, x2, th, g):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def moving_average(t, x, a, b, square, use_a):
-    """t = [t * a] + (x [* x]) * b (b applied only when != 1, as the NumPy kernel)."""
+def moving_average(t, x, a, b, square, use_a, round_x):
+    """t = [t * a] + (x' [* x']) * b, x' = x [rounded to float16 first] (b applied only when
+    != 1, as the NumPy kernel); float16 operands as uint16 views."""
     scale = b != _ONE
     for i in range(t.size):
-        xv = x[i]
+        xv = load(x, i)
+        if round_x:          # x float32 rounded to t's float16 as NumPy's cast (see `load`)
+            xv = _ext16(trunc16(xv))
         if square:
             xv = xv * xv
         if scale:
             xv = xv * b
-        tv = t[i]
+        tv = load(t, i)
         if use_a:
             tv = tv * a
-        t[i] = tv + xv
+        put(t, i, tv + xv)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def adam_update(m, v, out, dm, dv, eps):
     """out = (m / dm) / (sqrt(v / dv) + eps) (Adam / Lamb with bias correction)."""
     for i in range(out.size):
-        out[i] = (m[i] / dm) / (math.sqrt(v[i] / dv) + eps)
+        put(out, i, (load(m, i) / dm) / (math.sqrt(load(v, i) / dv) + eps))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def adam_update_wd(m, v, w, out, dm, dv, eps, wd):
     """out = (m / dm) / (sqrt(v / dv) + eps) + w * wd."""
     for i in range(out.size):
-        out[i] = (m[i] / dm) / (math.sqrt(v[i] / dv) + eps) + w[i] * wd
+        put(out, i, (load(m, i) / dm) / (math.sqrt(load(v, i) / dv) + eps) + load(w, i) * wd)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def axpy(x, y, b):
     """x = x + b * y."""
     for i in range(x.size):
-        x[i] = x[i] + b * y[i]
+        put(x, i, load(x, i) + b * load(y, i))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def scaled_add(x, y, a, b):
+    """x = x * a + y * b."""
+    for i in range(x.size):
+        put(x, i, load(x, i) * a + load(y, i) * b)
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _binop(op, x, y):
+    if op == 0:
+        return x + y
+    if op == 1:
+        return x - y
+    return x * y
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def binary_rows(op, a, b, out, k, a_row, b_row):
+    """out = a (op) b over rows of k elements, op 0 add, 1 subtract, 2 multiply; `a_row` /
+    `b_row`: that operand is one row repeated. 1-D operands, float16 as uint16 views; `out`
+    shares no memory with a or b (see `binary_rows_into`)."""
+    if k == 1 and b_row:                     # a scalar operand
+        bv = load(b, 0)
+        for i in range(out.size):
+            put(out, i, _binop(op, load(a, i), bv))
+        return
+    if k == 1 and a_row:
+        av = load(a, 0)
+        for i in range(out.size):
+            put(out, i, _binop(op, av, load(b, i)))
+        return
+    for r in range(out.size // k):
+        oa = 0 if a_row else r * k
+        ob = 0 if b_row else r * k
+        o = r * k
+        for j in range(k):
+            put(out, o + j, _binop(op, load(a, oa + j), load(b, ob + j)))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def binary_rows_into(op, t, y, k, y_row, t_first):
+    """t = t (op) y (t_first), else t = y (op) t: `binary_rows` with the output one operand's
+    own buffer (given once: two arrays on one buffer would keep LLVM from vectorising). The
+    operand order is chosen outside the loops: a select inside them stops vectorisation."""
+    if k == 1 and y_row:                     # a scalar operand
+        yv = load(y, 0)
+        if t_first:
+            for i in range(t.size):
+                put(t, i, _binop(op, load(t, i), yv))
+        else:
+            for i in range(t.size):
+                put(t, i, _binop(op, yv, load(t, i)))
+        return
+    for r in range(t.size // k):
+        oy = 0 if y_row else r * k
+        o = r * k
+        if t_first:
+            for j in range(k):
+                put(t, o + j, _binop(op, load(t, o + j), load(y, oy + j)))
+        else:
+            for j in range(k):
+                put(t, o + j, _binop(op, load(y, oy + j), load(t, o + j)))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

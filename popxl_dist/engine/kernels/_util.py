@@ -1,8 +1,9 @@
 """Helpers shared by kernel families: IPU-like float16 numerics and scalar coercion."""
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Callable, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import numpy as np
 
@@ -57,12 +58,34 @@ _UNSET = object()
 
 def jit_loops():
     """The compiled element-wise loops (`_jit_ew`) where the compiled converters are in use
-    (numba installed, allowed and checked), else None: kernels then run their NumPy passes."""
-    if _converters() is None:
+    (numba installed, allowed and checked) and floating-point events do not raise (see
+    `fp_events`), else None: kernels then run their NumPy passes."""
+    if getattr(_TLS, "checks", False):
         return None
-    from . import _jit_ew
+    loops = _CONV.get("loops", _UNSET)
+    if loops is _UNSET:
+        loops = None
+        if _converters() is not None:
+            from . import _jit_ew as loops
+        _CONV["loops"] = loops
+    return loops
 
-    return _jit_ew
+
+_TLS = threading.local()
+
+
+@contextlib.contextmanager
+def fp_events(events: Dict[str, str]) -> Iterator[None]:
+    """`np.errstate(**events)` for the kernels run inside, in this thread. Where an event raises
+    (SessionOptions.enableFloatingPointChecks), the compiled loops, which cannot raise, stand
+    aside: NumPy's passes run and raise, naming the op."""
+    prev = getattr(_TLS, "checks", False)
+    _TLS.checks = "raise" in events.values()
+    try:
+        with np.errstate(**events):
+            yield
+    finally:
+        _TLS.checks = prev
 
 
 def use_compiled_converters(flag: Optional[bool]) -> None:
@@ -229,6 +252,11 @@ def blocks(n: int, chunked: bool = True):
 def flat(a: np.ndarray) -> np.ndarray:
     """A 1-D view of a C-contiguous array (writes reach `a`)."""
     return a.reshape(-1)
+
+
+def jit_view(a: np.ndarray) -> np.ndarray:
+    """A float16 / float32 array as the compiled loops take it: float16 as its uint16 bits."""
+    return a.view(np.uint16) if a.dtype == F16 else a
 
 
 def cast(x: np.ndarray, dt: np.dtype) -> np.ndarray:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import (F16, F32, blocks, cast, flat, from_f16, jit_loops, np_dtype,
+from ._util import (F16, F32, blocks, cast, flat, from_f16, jit_loops, jit_view, np_dtype,
                     scalar, scratch, to_f16, ufunc_out, via_f32, without_out)
 from ._blocks import as_f32, binary_f32, store
 from .registry import kernel
@@ -47,7 +47,14 @@ def _div(attrs, ins, outs):
 def _inplace(ufunc):
     def factory(attrs, ins, outs):
         if np_dtype(ins[0]) == F16:
+            fused = None
+            if np_dtype(ins[1]) in (F16, F32):
+                fused = binary_f32(ufunc, ins[0].shape, ins[1].shape, ins[0].shape, F16)
+
             def run16(a, b):
+                if (fused is not None and a.flags.c_contiguous
+                        and (b is a or not np.may_share_memory(a, b))):
+                    return fused(a, b, out=a)
                 a[...] = to_f16(ufunc(from_f16(a), cast(b, F32)))
                 return a
             return run16
@@ -155,7 +162,11 @@ def _scaled_add_inplace(attrs, ins, outs):
                 elif y.dtype == out:
                     x += b * y
                 elif y.dtype == F16 and x.flags.c_contiguous:
-                    xf, yf = flat(x), flat(y)
+                    xf, yf = flat(x), flat(np.ascontiguousarray(y))
+                    jit = jit_loops() if out == F32 and xf.size > 0 else None
+                    if jit is not None and y.shape == x.shape:
+                        jit.axpy(xf, jit_view(yf), b)
+                        return x
                     for lo, hi in blocks(xf.size):     # float16 y: convert in cache
                         yc = from_f16(yf[lo:hi])
                         yc *= b
@@ -172,6 +183,10 @@ def _scaled_add_inplace(attrs, ins, outs):
         if (x.flags.c_contiguous and x.shape == y.shape and x.dtype in (F16, F32)
                 and y.dtype in (F16, F32) and calc == F32):
             xf, yf = flat(x), flat(np.ascontiguousarray(y))
+            jit = jit_loops() if xf.size > 0 else None
+            if jit is not None:                  # a * x + b * y, one compiled pass
+                jit.scaled_add(jit_view(xf), jit_view(yf), calc.type(a), calc.type(b))
+                return x
             for lo, hi in blocks(xf.size):       # a * x + b * y, block by block
                 xb = as_f32(xf[lo:hi], "sadd_x")
                 r = scratch("sadd_r", hi - lo)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._scatter_add import scatter_add_rows
-from ._util import (F16, F32, blocks, cast, f16_into, flat, jit_loops, np_dtype, round_f16,
-                    scalar, scratch, to_f16)
+from ._util import (F16, F32, blocks, cast, f16_into, flat, jit_loops, jit_view, np_dtype,
+                    round_f16, scalar, scratch, to_f16)
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -120,9 +120,9 @@ def _accumulate_kernel(attrs, ins, outs):
                 return run(t, x, *extra)
             tf, xf = flat(t), flat(np.ascontiguousarray(x))
             jit = jit_loops() if tf.size > 0 else None
-            if jit is not None and t_dt == F32 and x_dt == F32:      # one compiled pass
-                jit.moving_average(tf, xf, cdt.type(1) if a is None else a, b, square,
-                                   a is not None)
+            if jit is not None:                                      # one compiled pass
+                jit.moving_average(jit_view(tf), jit_view(xf), cdt.type(1) if a is None else a,
+                                   b, square, a is not None, round_x)
                 return t
             for lo, hi in blocks(tf.size):
                 n = hi - lo
@@ -250,12 +250,13 @@ def _updater_factory(attrs, ins, outs):
         out_f = flat(res)
         jit = jit_loops() if fused and out_f.size > 0 else None
         if (jit is not None and dm is not None and dv is not None and mode != "adamax"
-                and all(a.dtype == F32 for a in (m_all, v_all, out_f))
-                and (w_all is None or w_all.dtype == F32)):
+                and all(a.dtype in (F16, F32) for a in (m_all, v_all, out_f))
+                and (w_all is None or w_all.dtype in (F16, F32))):
+            m_j, v_j, o_j = jit_view(m_all), jit_view(v_all), jit_view(out_f)
             if w_all is None:
-                jit.adam_update(m_all, v_all, out_f, dm, dv, eps)
+                jit.adam_update(m_j, v_j, o_j, dm, dv, eps)
             else:
-                jit.adam_update_wd(m_all, v_all, w_all, out_f, dm, dv, eps, F32.type(wd))
+                jit.adam_update_wd(m_j, v_j, jit_view(w_all), o_j, dm, dv, eps, F32.type(wd))
             return res
         # m / dm / (sqrt(v / dv) + eps) + wd * w, block by block (the same operations as on
         # whole arrays: element-wise)

@@ -264,7 +264,8 @@ def f32(a):
 @pytest.mark.parametrize("op,ufunc", [("Add", np.add), ("Sub", np.subtract),
                                       ("Mul", np.multiply), ("Div", np.divide)])
 @pytest.mark.parametrize("sa,sb", [((4, 5), (4, 5)), ((300, 700), (700,)), ((700,), (300, 700)),
-                                   ((8, 4, 64, 64), (64, 64)), ((3, 1), (3, 4)), ((2, 3), ())])
+                                   ((8, 4, 64, 64), (64, 64)), ((3, 1), (3, 4)), ((2, 3), ()),
+                                   ((), (300, 70)), ((64, 64), (8, 4, 64, 64))])
 def test_binary_f16_bits(op, ufunc, sa, sb):
     a = f16(rng.normal(size=sa) * 2)
     b = f16(rng.normal(size=sb) + 3)
@@ -279,6 +280,9 @@ def test_binary_f16_bits(op, ufunc, sa, sb):
         if sa == shape:                       # the memory plan may hand over a's buffer
             buf = a.copy()
             assert_bits(fn(buf, b, out=buf), want)
+        if sb == shape:                       # or b's
+            buf = b.copy()
+            assert_bits(fn(a, buf, out=buf), want)
 
 
 @pytest.mark.parametrize("sa,sb", [((64, 96), (96, 32)), ((8, 4, 33, 16), (8, 4, 16, 33)),
@@ -407,3 +411,91 @@ def test_row_kernels_bits_every_row_length(c):
                      [((n, c), F32), ((c,), F32), ((c,), F32)])(dy, x, w, mean, inv)
         for a, e in zip(got, layer_norm_grad_ref(dy, x, w, mean, inv)):
             assert_bits(a, e)
+
+
+SPECIAL_F16 = np.array([0x7C01, 0x7E00, 0xFD55, 0x7C00, 0xFC00, 0x0001, 0x03FF, 0x8001, 0x7BFF,
+                        0xFBFF, 0x8000, 0x0000, 0x0400, 0x3C00], np.uint16).view(F16)
+
+
+def with_specials(a):
+    """`a` (float16) with NaNs (signalling, quiet, with payloads), infinities, subnormals,
+    the largest finite values and zeros written over its first elements."""
+    a = a.copy()
+    a.reshape(-1)[:SPECIAL_F16.size] = SPECIAL_F16
+    return a
+
+
+@pytest.mark.parametrize("op,ufunc", [("Add", np.add), ("Sub", np.subtract),
+                                      ("Mul", np.multiply)])
+@pytest.mark.parametrize("b_dtype", [F16, F32])
+def test_binary_f16_special_values(op, ufunc, b_dtype):
+    """Overflow to infinity, subnormal results and NaN payloads as NumPy's casts give them."""
+    a = with_specials(f16(rng.normal(size=(6, 40)) * 3e4))
+    b = np.asarray(with_specials(f16(rng.normal(size=(6, 40)) * 3e4))[::-1].copy(), b_dtype)
+    with np.errstate(all="ignore"):
+        want = f16(ufunc(f32(a), f32(b)))
+        got = kernel(op, {}, [a, b], [((6, 40), F16)])(a, b)
+    assert_bits(got.view(np.uint16), want.view(np.uint16))
+    row = np.asarray(b[0], b_dtype)                       # a broadcast row
+    with np.errstate(all="ignore"):
+        want = f16(ufunc(f32(a), f32(row)))
+        got = kernel(op, {}, [a, row], [((6, 40), F16)])(a, row)
+    assert_bits(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_add_lhs_inplace_f16_bits():
+    a = with_specials(f16(rng.normal(size=(30, 70)) * 3e4))
+    b = f16(rng.normal(size=(70,)) * 3e4)
+    with np.errstate(all="ignore"):
+        want = f16(f32(a) + f32(b))
+        fn = kernel("AddLhsInplace", {}, [a, b], [((30, 70), F16)])
+        assert fn(a, b) is a
+    assert_bits(a.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("x_dtype", [F16, F32])
+def test_scaled_add_inplace_f16_bits(x_dtype):
+    x = with_specials(f16(rng.normal(size=(50, 30)) * 1e-3))
+    y = np.asarray(rng.normal(size=(50, 30)) * 1e-4, x_dtype)
+    a, b = np.float32(0.999), np.float32(-1e-3)
+    with np.errstate(invalid="ignore"):
+        want = f16(f32(x) * a + f32(y) * b)
+    fn = kernel("ScaledAddLhsInplace", {"a": 0.999, "b": -1e-3}, [x, y], [((50, 30), F16)])
+    assert fn(x, y) is x
+    assert_bits(x.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("t_dtype,x_dtype", [(F16, F16), (F16, F32), (F32, F16)])
+def test_accumulate_f16_special_values(t_dtype, x_dtype):
+    t0 = np.asarray(with_specials(f16(rng.normal(size=(40, 50)) * 1e-3)), t_dtype)
+    x = np.asarray(with_specials(f16(rng.normal(size=(40, 50)) * 1e-4))[::-1].copy(), x_dtype)
+    if x_dtype == F32:            # signalling NaNs whose payload float16 cannot hold
+        x.reshape(-1)[-2:] = np.array([0x7F800001, 0xFF800100], np.uint32).view(F32)
+    f = np.float32(0.9)
+    with np.errstate(all="ignore"):
+        xv = f32(x.astype(t_dtype))
+        want = (f32(t0) * f + xv * (np.float32(1) - f)).astype(t_dtype)
+    t = t0.copy()
+    fn = kernel("Accumulate", {"mode": "moving_average", "f": 0.9}, [t, x], [(t.shape, t_dtype)])
+    with np.errstate(all="ignore"):
+        fn(t, x)
+    assert_bits(t.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("op,ins", [
+    ("Gelu", [np.full((4, 8), 3e38, F32)]),
+    ("ScaledAddLhsInplace", [np.full((4, 8), 3e38, F32), np.full((4, 8), 3e38, F32)]),
+    ("Mul", [np.full((4, 8), 2, F16), np.full((8,), 3e38, F32)])])
+def test_raising_fp_events_bypass_compiled_loops(op, ins):
+    """With SessionOptions.enableFloatingPointChecks (events raise), kernels run NumPy's passes,
+    which raise; the compiled loops (which cannot) stand aside."""
+    from popxl.engine.kernels._util import fp_events
+
+    attrs = {"a": 1.0, "b": 1.0} if op.startswith("Scaled") else {}
+    shape = np.broadcast_shapes(*(a.shape for a in ins))
+    fn = kernel(op, attrs, ins, [(shape, ins[0].dtype)])
+    with fp_events(dict(all="ignore")):
+        assert not np.isfinite(fn(*[a.copy() for a in ins])).all()
+    with fp_events(dict(divide="raise", over="raise", invalid="raise", under="ignore")):
+        with pytest.raises(FloatingPointError):
+            fn(*[a.copy() for a in ins])
