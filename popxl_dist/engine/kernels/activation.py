@@ -126,7 +126,10 @@ def _gelu_block_jit(x: np.ndarray, y: np.ndarray) -> None:
     u = scratch("gelu_u", x.size)
     jit.gelu_inner(x, u)
     np.tanh(u, out=u)
-    jit.gelu_outer(x, u, y)
+    if y.ctypes.data == x.ctypes.data:
+        jit.gelu_outer_into(y, u)
+    else:
+        jit.gelu_outer(x, u, y)
 
 
 def _gelu_grad_block_jit(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
@@ -138,7 +141,11 @@ def _gelu_grad_block_jit(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
     u = scratch("gelu_th", x.size)
     jit.gelu_grad_inner(x, x2, u)
     np.tanh(u, out=u)
-    jit.gelu_grad_outer(dy, x, x2, u, g)
+    into_dy = g.ctypes.data == dy.ctypes.data
+    if into_dy or g.ctypes.data == x.ctypes.data:       # g is dy's or x's own memory
+        jit.gelu_grad_outer_into(dy, x, x2, u, into_dy)
+    else:
+        jit.gelu_grad_outer(dy, x, x2, u, g)
 
 
 @kernel("Gelu", writes_out=True, inplace=True)
