@@ -19,7 +19,7 @@ import numpy as np
 from .._ir.records import GraphData, IrData, Op, TensorKind
 from ..errors import EngineError
 from .kernels import load_all
-from . import memory_plan
+from . import batch_collectives, memory_plan
 from .kernels.registry import CONTROL_FLOW_TYPES, KERNELS, KernelSpec, spec_of
 from .memory_plan import MemoryPlan, plan_memory
 
@@ -221,6 +221,7 @@ class Program:
 
     def _compile(self, gd: GraphData, ops: List[Op], input_ids: List[str],
                  output_ids: List[str], is_main: bool, tag: str = "") -> CompiledGraph:
+        ops = batch_collectives.hoist(self, gd, ops)
         plan = _AliasPlan(self, gd, ops, input_ids, output_ids, is_main)
         names: Dict[str, str] = {}
         counter = itertools.count()
@@ -279,13 +280,23 @@ class Program:
             lines[0] = lines[0][:-2] + ", out=None):"
             glob["_NO_OUT"] = (None,) * len(output_ids)
             lines.append("    O = _NO_OUT if out is None else out")
+        batches = batch_collectives.runs(gd, ops)
+        batched = {id(m) for run in batches.values() for m in run[1:]}
         for pos, op in enumerate(ops):
             spec = self._spec(op)
             ins = [name_of(t) for t in op.inputs]
             outs = [name_of(t) for t in op.outputs]
             kname = f"K{pos}"
             fn = fns[pos]
-            if spec is None:
+            if id(op) in batched:
+                call = None                      # ran with the first of its batch
+            elif pos in batches:
+                run = batches[pos]
+                glob[kname] = CollectiveStep(batch_collectives.batched_step(gd, run), op)
+                ins = [name_of(m.inputs[0]) for m in run]
+                outs = [name_of(m.outputs[0]) for m in run]
+                call = f"(yield ({kname}, ({''.join(a + ', ' for a in ins)})))"
+            elif spec is None:
                 writes, copies, coll = self._callee_effects(op)
                 call_args = [f"{a}.copy()" if i in copies else a for i, a in enumerate(ins)]
                 if _has_out(op, mplan):
@@ -302,20 +313,15 @@ class Program:
                 prefix = "ctx, " if spec.context else ""
                 args = ins + ([_out_arg(op, mplan)] if _has_out(op, mplan) else [])
                 call = f"{kname}({prefix}{', '.join(args)})"
-            if (spec is not None and len(op.outputs) == 1 and not spec.collective
-                    and not spec.modifies and gd.tensors[op.outputs[0]].shape == ()):
-                # NumPy gives scalars for 0-d results; keep arrays so in-place ops can follow.
-                call = f"np.asarray({call})"
-            if spec is not None and op.outputs and op.outputs[0] in plan.copy_outputs:
-                call = f"{call}.copy()"
-            if not outs:
-                stmt = call
-            elif len(outs) == 1 and spec is not None:
-                stmt = f"{outs[0]} = {call}"
+            if call is None:
+                stmt = None
+            elif pos in batches:
+                stmt = f"{', '.join(outs)}, = {call}"
             else:
-                stmt = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}"
-            lines.append(f"    {stmt}")
-            line_to_op[len(lines)] = op
+                stmt = self._statement(gd, op, spec, call, outs, plan)
+            if stmt is not None:
+                lines.append(f"    {stmt}")
+                line_to_op[len(lines)] = op
             lines.extend(_reshape_sync_lines(plan, pos, name_of))
             if is_main:
                 for t in op.outputs:
@@ -339,6 +345,22 @@ class Program:
                            line_to_op, filename, source, mplan)
         self._by_filename[filename] = cg
         return cg
+
+    @staticmethod
+    def _statement(gd: GraphData, op: Op, spec: Optional[KernelSpec], call: str,
+                   outs: List[str], plan: "_AliasPlan") -> str:
+        """The line running one op's `call` and binding its outputs."""
+        if (spec is not None and len(op.outputs) == 1 and not spec.collective
+                and not spec.modifies and gd.tensors[op.outputs[0]].shape == ()):
+            # NumPy gives scalars for 0-d results; keep arrays so in-place ops can follow.
+            call = f"np.asarray({call})"
+        if spec is not None and op.outputs and op.outputs[0] in plan.copy_outputs:
+            call = f"{call}.copy()"
+        if not outs:
+            return call
+        if len(outs) == 1 and spec is not None:
+            return f"{outs[0]} = {call}"
+        return f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}"
 
     def _kernel_fn(self, gd: GraphData, op: Op) -> Callable:
         """The bound callable of one op: its kernel, collective step function or callee."""
