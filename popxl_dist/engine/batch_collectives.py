@@ -1,4 +1,4 @@
-"""Batched all-reduces: DDP's gradient buckets for a static program.
+"""Batched collectives: DDP's gradient buckets for a static program.
 
 A data-parallel step usually all-reduces every gradient on its own (`replicated_all_reduce` per
 variable, each followed by that variable's optimiser step), and every all-reduce is a rendezvous
@@ -6,8 +6,10 @@ of all workers. `hoist` moves each ReplicatedAllReduce up the schedule to join t
 before it, over ops that neither produce nor write (in place, or through a view) the memory it
 reads; `runs` then finds the all-reduces that have become neighbours with the same reduction,
 replica grouping and dtype, and `batched_step` runs each run as one exchange: every replica's
-inputs concatenated, reduced once, split. Each element is reduced by the same tree over the
-same members as alone, so the bits do not change. `POPXL_BATCH_COLLECTIVES=0` turns both off.
+inputs concatenated, reduced once, split. Neighbouring all-gathers and reduce-scatters (as the
+applications' replica-sharded weights and gradients give them) are batched the same way. Each
+element is reduced by the same tree over the same members as alone, so the bits do not change.
+`POPXL_BATCH_COLLECTIVES=0` turns this off.
 
 Not done: overlapping the exchange with the rest of the backward pass. The applications' and the
 benchmark's backward pass is one `Call`; the all-reduces follow it, so program order leaves them
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["enabled", "hoist", "runs", "batched_step"]
 
-_BATCHED = "ReplicatedAllReduce"
+_KINDS = frozenset({"ReplicatedAllReduce", "ReplicatedAllGather", "ReplicatedReduceScatter"})
 
 
 def enabled() -> bool:
@@ -40,7 +42,7 @@ def hoist(program: "Program", gd: GraphData, ops: List[Op]) -> List[Op]:
     the memory it reads (in place, through a view, or by producing it). The view it reads (e.g.
     a flattened gradient) may move with it, to just before the run. The first all-reduce of a
     run stays where the program put it; collectives keep their order."""
-    if not enabled() or not any(op.type == _BATCHED for op in ops):
+    if not enabled() or not any(op.type in _KINDS for op in ops):
         return ops
     parent: Dict[str, str] = {}          # tensor -> the tensor whose memory it may share
     producer: Dict[str, Op] = {}
@@ -134,29 +136,79 @@ def runs(gd: GraphData, ops: List[Op]) -> Dict[int, List[Op]]:
 
 
 def _key(gd: GraphData, op: Op) -> Optional[Tuple]:
-    if op.type != _BATCHED or len(op.inputs) != 1 or len(op.outputs) != 1:
+    """What must be equal for collectives to share an exchange, or None: not batched."""
+    if op.type not in _KINDS or len(op.inputs) != 1 or len(op.outputs) != 1:
         return None
     a = op.attrs
-    return (a.get("op", "local"), int(a["stride"]), int(a["group_size"]),
+    reduction = a.get("op", "local")
+    if op.type == "ReplicatedReduceScatter" and reduction == "local":
+        return None
+    if op.type == "ReplicatedAllGather":
+        reduction = None
+    return (op.type, reduction, int(a["stride"]), int(a["group_size"]),
             str(gd.tensors[op.inputs[0]].dtype))
 
 
-def batched_step(gd: GraphData, ops: List[Op]) -> Callable:
-    """`fn(comm, per_replica) -> per_replica output tuples` reducing all of `ops` at once."""
-    reduction, stride, size, _ = _key(gd, ops[0])
-    shapes = [tuple(gd.tensors[op.outputs[0]].shape) for op in ops]
-    counts = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+class _Replay:
+    """The communicator as one batched op's kernel sees it: its share of the batch's result."""
 
-    def run(comm, per_replica) -> List[tuple]:
-        flats = [np.concatenate([np.ascontiguousarray(x).reshape(-1) for x in ins])
-                 for ins in per_replica]
-        reduced = comm.all_reduce(flats, reduction, stride, size)
-        results = []
-        for r in reduced:
-            parts, off = [], 0
-            for shape, n in zip(shapes, counts):
-                parts.append(r[off:off + n].reshape(shape))
+    def __init__(self, comm, results: List[np.ndarray]):
+        self.replicas = comm.replicas
+        self._results = results
+
+    def all_gather(self, values, stride, group_size) -> List[np.ndarray]:
+        return self._results
+
+
+def batched_step(gd: GraphData, ops: List[Op], fns: List[Callable]) -> Callable:
+    """`fn(comm, per_replica) -> per_replica output tuples` running all of `ops` (one run of
+    `runs`, whose kernel functions are `fns`) as one exchange."""
+    kind, reduction, stride, size, _ = _key(gd, ops[0])
+    in_shapes = [tuple(gd.tensors[op.inputs[0]].shape) for op in ops]
+    counts = [int(np.prod(s, dtype=np.int64)) for s in in_shapes]
+
+    def flat_inputs(per_replica) -> List[np.ndarray]:
+        return [np.concatenate([np.ascontiguousarray(x).reshape(-1) for x in ins])
+                for ins in per_replica]
+
+    if kind == "ReplicatedAllReduce":
+        def all_reduce(comm, per_replica) -> List[tuple]:
+            reduced = comm.all_reduce(flat_inputs(per_replica), reduction, stride, size)
+            return [tuple(_split(r, counts, in_shapes)) for r in reduced]
+        return all_reduce
+
+    if kind == "ReplicatedAllGather":
+        def all_gather(comm, per_replica) -> List[tuple]:
+            stacked = comm.all_gather(flat_inputs(per_replica), stride, size)   # (k, total)
+            outs, off = [], 0
+            for j, (fn, shape, n) in enumerate(zip(fns, in_shapes, counts)):
+                mine = [s[:, off:off + n].reshape((size,) + shape) for s in stacked]
+                outs.append(fn(_Replay(comm, mine), [(ins[j],) for ins in per_replica]))
                 off += n
-            results.append(tuple(parts))
-        return results
-    return run
+            return [tuple(o[r] for o in outs) for r in range(len(per_replica))]
+        return all_gather
+
+    chunks = [int(gd.tensors[op.outputs[0]].shape[0]) for op in ops]
+
+    def reduce_scatter(comm, per_replica) -> List[tuple]:
+        """Each input zero-padded to k chunks as alone; member i's chunks of every input
+        side by side, so the reduction hands member i all of its chunks at once."""
+        rows = []
+        for ins in per_replica:
+            parts = []
+            for x, c in zip(ins, chunks):
+                flat = np.zeros(size * c, x.dtype)
+                flat[:x.size] = np.ascontiguousarray(x).reshape(-1)
+                parts.append(flat.reshape(size, c))
+            rows.append(np.concatenate(parts, axis=1).reshape(-1))
+        mine = comm.reduce_scatter(rows, reduction, stride, size)
+        return [tuple(_split(m, chunks, [(c,) for c in chunks])) for m in mine]
+    return reduce_scatter
+
+
+def _split(flat: np.ndarray, counts: List[int], shapes: List[Tuple]) -> List[np.ndarray]:
+    parts, off = [], 0
+    for n, shape in zip(counts, shapes):
+        parts.append(flat[off:off + n].reshape(shape))
+        off += n
+    return parts

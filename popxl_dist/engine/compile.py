@@ -292,7 +292,8 @@ class Program:
                 call = None                      # ran with the first of its batch
             elif pos in batches:
                 run = batches[pos]
-                glob[kname] = CollectiveStep(batch_collectives.batched_step(gd, run), op)
+                glob[kname] = CollectiveStep(
+                    batch_collectives.batched_step(gd, run, fns[pos:pos + len(run)]), op)
                 ins = [name_of(m.inputs[0]) for m in run]
                 outs = [name_of(m.outputs[0]) for m in run]
                 call = f"(yield ({kname}, ({''.join(a + ', ' for a in ins)})))"

@@ -89,3 +89,55 @@ def test_an_all_reduce_does_not_pass_a_write_to_its_input(monkeypatch):
     assert sum("yield" in line for line in src.splitlines()) == 2, src
     want = R * (np.arange(6, dtype=np.float32) + R).reshape(2, 3)
     np.testing.assert_array_equal(out.reshape(R, 2, 3), np.tile(want, (R, 1, 1)))
+
+
+def _gather_scatter_program():
+    """Neighbouring all-gathers (of shards of several shapes, one along axis 1) and
+    reduce-scatters (lengths that need padding), as replica-sharded weights and grads give."""
+    rng = np.random.default_rng(5)
+    ir = popxl.Ir(replication=R)
+    shapes = [(3, 2), (5,), (2, 3)]
+    with ir.main_graph:
+        xs = popxl.h2d_stream((10,), popxl.float32, "x")
+        x = ops.host_load(xs, "x")
+        ws = [popxl.variable(rng.normal(size=s).astype(np.float32), name=f"w{i}")
+              for i, s in enumerate(shapes)]
+        local = [w * ops.sum(x) for w in ws]
+        gathered = [ops.collectives.replicated_all_gather(t, axis=a)
+                    for t, a in zip(local, (0, 0, 1))]
+        scattered = [ops.collectives.replicated_reduce_scatter(t, op="add") for t in local]
+        stores = []
+        for i, t in enumerate(gathered + scattered):
+            s = popxl.d2h_stream(t.shape, t.dtype, f"o{i}")
+            ops.host_store(s, t)
+            stores.append(s)
+    data = rng.normal(size=(R, 10)).astype(np.float32)
+    return ir, xs, ws, stores, data
+
+
+def test_batched_gathers_and_scatters(monkeypatch):
+    results = {}
+    for batch in ("1", "0"):
+        monkeypatch.setenv("POPXL_BATCH_COLLECTIVES", batch)
+        ir, xs, ws, stores, data = _gather_scatter_program()
+        with popxl.Session(ir, "ipu_hw") as sess:
+            w = [sess.get_tensor_data(v) for v in ws]
+            out = sess.run({xs: data})
+            src = sess._runtime.worker.program.main.source
+        results[batch] = [out[s] for s in stores]
+        assert sum("yield" in line for line in src.splitlines()) == (2 if batch == "1" else 6)
+    for a, b in zip(results["1"], results["0"]):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    local = [[wi * np.float32(data[r].sum()) for wi in w] for r in range(R)]
+    for i, axis in enumerate((0, 0, 1)):                     # gathers, members in order
+        want = np.concatenate([local[r][i] for r in range(R)], axis=axis)
+        for r in range(R):
+            np.testing.assert_array_equal(results["1"][i][r], want)
+    for i in range(3):                                       # reduce-scatters: member r's chunk
+        total = sum(local[r][i].reshape(-1).astype(np.float64) for r in range(R))
+        c = -(-total.size // R)
+        padded = np.zeros(c * R)
+        padded[:total.size] = total
+        for r in range(R):
+            np.testing.assert_allclose(results["1"][3 + i][r], padded[r * c:(r + 1) * c],
+                                       rtol=1e-5, atol=1e-6)
