@@ -60,16 +60,21 @@ def gelu_grad_inner(x, x2, u):
         u[i] = ((s * _C + _ONE) * v) * _K
 
 
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _gelu_grad_at(dy, x, x2, t):
+    """(0.5 * (1 + t) + 0.5 * x * (1 - t * t) * ((x2 * 3C + 1) * K)) * dy."""
+    dinner = (x2 * _C3 + _ONE) * _K
+    d = (_ONE + t) * _HALF
+    sech2 = _ONE - t * t
+    e = ((_HALF * x) * sech2) * dinner
+    return (d + e) * dy
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def gelu_grad_outer(dy, x, x2, th, g):
-    """g = (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * ((x2 * 3C + 1) * K)) * dy."""
+    """g = the GELU gradient from dy, x, x2 = x * x and th = tanh(inner)."""
     for i in range(x.size):
-        t = th[i]
-        dinner = (x2[i] * _C3 + _ONE) * _K
-        d = (_ONE + t) * _HALF
-        sech2 = _ONE - t * t
-        e = ((_HALF * x[i]) * sech2) * dinner
-        g[i] = (d + e) * dy[i]
+        g[i] = _gelu_grad_at(dy[i], x[i], x2[i], th[i])
 
 
 # (An output that is an input's own buffer, as the memory plan hands over, goes to the `_into`
@@ -88,20 +93,10 @@ def gelu_grad_outer_into(dy, x, x2, th, into_dy):
     """gelu_grad_outer with g dy's own buffer (into_dy), else x's."""
     if into_dy:
         for i in range(x.size):
-            t = th[i]
-            dinner = (x2[i] * _C3 + _ONE) * _K
-            d = (_ONE + t) * _HALF
-            sech2 = _ONE - t * t
-            e = ((_HALF * x[i]) * sech2) * dinner
-            dy[i] = (d + e) * dy[i]
+            dy[i] = _gelu_grad_at(dy[i], x[i], x2[i], th[i])
     else:
         for i in range(x.size):
-            t = th[i]
-            dinner = (x2[i] * _C3 + _ONE) * _K
-            d = (_ONE + t) * _HALF
-            sech2 = _ONE - t * t
-            e = ((_HALF * x[i]) * sech2) * dinner
-            x[i] = (d + e) * dy[i]
+            x[i] = _gelu_grad_at(dy[i], x[i], x2[i], th[i])
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
