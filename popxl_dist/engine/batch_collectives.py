@@ -37,11 +37,12 @@ def enabled() -> bool:
 
 
 def hoist(program: "Program", gd: GraphData, ops: List[Op]) -> List[Op]:
-    """`ops` with each ReplicatedAllReduce moved up to join the run of all-reduces before it
-    (same reduction, grouping and dtype) where every op in between may be passed: none writes
-    the memory it reads (in place, through a view, or by producing it). The view it reads (e.g.
-    a flattened gradient) may move with it, to just before the run. The first all-reduce of a
-    run stays where the program put it; collectives keep their order."""
+    """`ops` with each batchable collective (all-reduce, all-gather, reduce-scatter) moved up to
+    join the run of its kind before it (same reduction, grouping and dtype) where every op in
+    between may be passed: none writes the memory it reads (in place, through a view, or by
+    producing it). The view it reads (e.g. a flattened gradient) may move with it, to just
+    before the run. The first of a run stays where the program put it; collectives keep their
+    order."""
     if not enabled() or not any(op.type in _KINDS for op in ops):
         return ops
     parent: Dict[str, str] = {}          # tensor -> the tensor whose memory it may share
@@ -72,7 +73,7 @@ def hoist(program: "Program", gd: GraphData, ops: List[Op]) -> List[Op]:
         return True
 
     out: List[Op] = []
-    start = end = 0                     # out[start:end]: the open run of all-reduces
+    start = end = 0                     # out[start:end]: the open run of collectives
     run_key: Optional[Tuple] = None
     for op in ops:
         key = _key(gd, op)
@@ -120,8 +121,8 @@ def _writes(program: "Program", op: Op, root: Callable[[str], str]
 
 
 def runs(gd: GraphData, ops: List[Op]) -> Dict[int, List[Op]]:
-    """{position of the first: the ops} for each run of two or more neighbouring all-reduces
-    with the same reduction, replica grouping and dtype."""
+    """{position of the first: the ops} for each run of two or more neighbouring collectives of
+    one kind with the same reduction, replica grouping and dtype."""
     if not enabled():
         return {}
     found: Dict[int, List[Op]] = {}
