@@ -104,8 +104,7 @@ def _suffix_size(shape, out_shape) -> Optional[int]:
 def _same_buffer(out: np.ndarray, x: np.ndarray) -> bool:
     """Whether 1-D contiguous `x` is `out`'s own memory (a buffer the memory plan handed over, or
     an in-place op); other overlaps are not expected: `out` is then fresh memory."""
-    return x.size == out.size and x.__array_interface__["data"][0] == \
-        out.__array_interface__["data"][0]
+    return x.size == out.size and x.ctypes.data == out.ctypes.data
 
 
 _JIT_OPS = {np.add: 0, np.subtract: 1, np.multiply: 2}     # `_jit_ew.binary_rows`'s op codes

@@ -9,7 +9,8 @@ import pytest
 
 import popxl
 import popxl.ops as ops
-from harness import check_forward, check_grads, grads, numeric_grads, run_ops
+from harness import (check_forward, check_grads, check_image_builder_error, grads,
+                     numeric_grads, run_ops)
 
 RNG = np.random.default_rng(1)
 
@@ -507,13 +508,7 @@ def test_grouped_scatter_reduce_full_indices_and_grads():
                                                 group_size=3), ValueError, "leading group"),
 ])
 def test_grouped_scatter_reduce_builder_errors(build, err, match):
-    ir = popxl.Ir()
-    with ir.main_graph:
-        x = popxl.variable(np.zeros((2, 2, 3, 3)), popxl.float32, "x")
-        w = popxl.variable(np.zeros((2, 3, 2, 2)), popxl.float32, "w")
-        i = popxl.variable(np.zeros((2, 2, 3, 3), np.int32), popxl.int32, "i")
-        with pytest.raises(err, match=match):
-            build(x, w, i)
+    check_image_builder_error(build, err, match)
 
 
 # --- reshape / flatten / transpose (views) -----------------------------------------------------
