@@ -113,6 +113,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="run the script as this many popdist instances (mpi or ray)")
     p.add_argument("--replicas", type=int, default=None,
                    help="global replicas of the instances (default: one per instance)")
+    debug = p.add_argument_group("debugging (popxl-dist; see popxl.debug)")
+    debug.add_argument("--debug-nans", action="store_true",
+                       help="stop at the first op that makes a NaN or infinity "
+                            "(POPXL_DEBUG_NANS=1)")
+    debug.add_argument("--check-replicas", action="store_true",
+                       help="compare the variables replicas must agree on after every run "
+                            "(POPXL_CHECK_REPLICAS=1)")
+    debug.add_argument("--record", metavar="DIR",
+                       help="keep each Session's latest run; write a failing run's replay "
+                            "bundle to DIR (POPXL_RECORD=DIR; replay with popxl-replay)")
+    debug.add_argument("--flight-recorder", metavar="DIR",
+                       help="write every worker's last collectives to DIR when a run fails "
+                            "(POPXL_FLIGHT_RECORDER=DIR)")
     p.add_argument("target", nargs="?",
                    help="the Python script to run unchanged, or a YAML config of the built-in "
                         "job (e.g. configs/mnist.yaml; `popxl-run CONFIG.yaml --help` lists "
@@ -230,9 +243,22 @@ def _is_config(target: str) -> bool:
     return target.endswith((".yaml", ".yml"))
 
 
+def _debug_env(ns: argparse.Namespace) -> None:
+    """The debugging options as the POPXL_* variables every process of the job reads."""
+    if ns.debug_nans:
+        os.environ["POPXL_DEBUG_NANS"] = "1"
+    if ns.check_replicas:
+        os.environ["POPXL_CHECK_REPLICAS"] = "1"
+    if ns.record:
+        os.environ["POPXL_RECORD"] = os.path.abspath(ns.record)
+    if ns.flight_recorder:
+        os.environ["POPXL_FLIGHT_RECORDER"] = os.path.abspath(ns.flight_recorder)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
+    _debug_env(ns)
     if ns.target is None:
         parser.print_usage(sys.stderr)
         print(_WHAT_TO_RUN, file=sys.stderr)

@@ -20,6 +20,7 @@ from .tensor import (Constant, Tensor, TensorByRef, TensorSpec, Variable, consta
                      graph_output, variable)
 from . import transforms  # noqa: E402  (imports ops lazily)
 from . import custom_ops  # noqa: E402
+from . import debug  # noqa: E402  (popxl-dist's debugging tools: popxl.debug)
 from .custom_ops.cppimport_hook import install as _install_cppimport_hook
 
 _install_cppimport_hook()   # C++ custom op bindings resolve to the emulator's implementations

@@ -8,7 +8,8 @@ from popart import popart_exception
 
 __all__ = ["UndefinedValue", "popart_exception", "OpSetupError", "OpSetupTypeError",
            "EngineError", "WorkerError", "WorkerDied", "InstanceFailed", "CollectiveTimeout",
-           "SessionFailed", "RunAborted"]
+           "SessionFailed", "RunAborted", "NonFiniteError", "ReplicaDivergenceError",
+           "ReplicaDivergenceWarning"]
 
 
 class UndefinedValue(ValueError):
@@ -67,3 +68,37 @@ class SessionFailed(EngineError):
 
 class RunAborted(RuntimeError):
     """This worker's run was stopped because another worker failed (internal)."""
+
+
+class NonFiniteError(EngineError, FloatingPointError):
+    """An op produced a NaN or an infinity that none of its inputs held (`POPXL_DEBUG_NANS=1`),
+    or an IEEE invalid / overflow / divide-by-zero result under
+    `SessionOptions.enableFloatingPointChecks`. A popxl-dist extension (upstream's floating-point
+    checks raise a Poplar exception). The message names the op, the `file:line` that built it
+    (for a backward op also the forward op it differentiates), the replica, the run and a
+    summary of its inputs; the same facts are attributes: `op` (the IR op), `graph`, `replica`,
+    `run`, `source`, `forward`, `inputs` and `outputs` (summaries, one line each)."""
+
+    op = None
+    graph = ""
+    replica = -1
+    run = -1
+    source = ""
+    forward = ""
+    inputs: tuple = ()
+    outputs: tuple = ()
+
+
+class ReplicaDivergenceError(EngineError):
+    """Variables that must hold the same value on every replica of their group differ after a
+    run (`POPXL_CHECK_REPLICAS=1`; a popxl-dist extension). `variables` maps each variable id to
+    the groups of replicas whose values agree; `run` is the run after which they differed."""
+
+    variables: dict = {}
+    run = -1
+
+
+class ReplicaDivergenceWarning(UserWarning):
+    """A variable that must hold the same value on every replica of its group is updated from
+    values that can differ between them, with no collective to make them equal: the replicas
+    will diverge (found when the Session is created; a popxl-dist extension)."""

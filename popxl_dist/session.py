@@ -1,6 +1,7 @@
 """`popxl.Session`: compile an Ir once, attach, stream data in and out, read and write weights."""
 from __future__ import annotations
 
+import itertools
 import logging
 import numbers
 import weakref
@@ -8,6 +9,7 @@ from typing import Dict, Iterable, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 
+from ._ir.debug import DebugOptions
 from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, host_view, storage_numpy, storage_view
 from .remote_buffer import check_variables_fit_buffers
@@ -17,6 +19,7 @@ from .session_checks import (as_stream_mapping, check_output_array, checked_down
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
+from .transforms.replica_consistency import warn_divergences
 from .utils import _DOWNCAST, to_numpy
 
 __all__ = ["Session", "d2hStreamBufferMaps", "h2dStreamBufferMaps", "StreamBufferMaps"]
@@ -26,6 +29,7 @@ h2dStreamBufferMaps = Mapping[HostToDeviceStream, HostScalarTensor]
 StreamBufferMaps = Union[h2dStreamBufferMaps, d2hStreamBufferMaps]
 
 _log = logging.getLogger("popxl")
+_SESSION_COUNT = itertools.count()      # names Sessions in debugging bundles and dumps
 _DEVICES = ("ipu_hw", "ipu_model", "cpu")
 _announced = False
 
@@ -101,6 +105,11 @@ class Session:
         ir._prepared = True
         data = ir._data
         data.floating_point_checks = bool(ir._session_opts().enableFloatingPointChecks)
+        data.debug = DebugOptions.from_env(data.floating_point_checks,
+                                           f"session{next(_SESSION_COUNT)}")
+        report = warn_divergences(data)
+        if report.scratch:
+            data.debug = data.debug.with_(scratch_variables=report.scratch)
         main = data.main
         self._variables = {t: i for t, i in main.tensors.items() if i.kind == TensorKind.VARIABLE}
         self._host_weights: Dict[str, np.ndarray] = {
@@ -293,7 +302,17 @@ class Session:
             return fn(*args)
         except BaseException as e:
             self._failure = e
+            if what == "Session.run" and self._ir._data.debug.record_dir:
+                self._complete_recording()
             raise
+
+    def _complete_recording(self) -> None:
+        """After a failed run (POPXL_RECORD): every worker that can still answer writes its
+        part of the run's bundle (those whose part of the run failed already did)."""
+        try:
+            self._runtime.save_recording()
+        except Exception:  # noqa: BLE001 - the run's failure is what the caller must see
+            pass
 
     def reset(self) -> None:
         """popxl-dist extension: clear a failed state (after a run or weight transfer failed,

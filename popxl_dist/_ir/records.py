@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..dtypes import dtype
+from .debug import DebugOptions
 
 __all__ = ["TensorInfo", "Op", "GraphData", "IrData", "TensorKind"]
 
@@ -63,12 +64,12 @@ class Op:
     """One operation: a type string as upstream prints it, an IR-wide id and its connections."""
 
     __slots__ = ("type", "id", "name", "inputs", "outputs", "attrs", "called", "ipu", "tile_set",
-                 "exec_ctx", "debug")
+                 "exec_ctx", "debug", "origin")
 
     def __init__(self, type: str, id: int, name: str, inputs: Tuple[str, ...],
                  outputs: Tuple[str, ...], attrs: Dict[str, Any], called: Tuple[str, ...] = (),
                  ipu: int = 0, tile_set: str = "compute", exec_ctx: str = "Normal",
-                 debug: str = ""):
+                 debug: str = "", origin: str = ""):
         self.type = type
         self.id = id
         self.name = name
@@ -80,6 +81,8 @@ class Op:
         self.tile_set = tile_set
         self.exec_ctx = exec_ctx
         self.debug = debug
+        # For an op autodiff made: the forward op it differentiates (`describe()` of that op)
+        self.origin = origin
 
     def __getstate__(self):
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -87,6 +90,8 @@ class Op:
     def __setstate__(self, state):
         for s, v in zip(self.__slots__, state):
             setattr(self, s, v)
+        if len(state) < len(self.__slots__):
+            self.origin = ""
 
     # Planning hints set by popxl_addons' transforms, read back as upstream's ops report them
     # (no effect on the numbers).
@@ -162,6 +167,9 @@ class IrData:
         # SessionOptions.enableFloatingPointChecks when the Session was created: overflow,
         # division by zero and invalid operations raise instead of giving inf / NaN
         self.floating_point_checks = False
+        # What the Session watches while it runs (NaN origins, replica checks, recording):
+        # a DebugOptions set when the Session is created (see `_ir/debug.py`)
+        self.debug = DebugOptions()
 
     @property
     def main(self) -> GraphData:

@@ -249,6 +249,7 @@ class Communicator:
         self.replication_factor = layout.replication_factor
         self.transport = transport
         self.tag = 0               # set by the executor before each collective step
+        self.run = 0               # the Session's run number (for error messages)
         self._plans: Dict[Tuple[int, int], List[_Group]] = {}
         self._pos = {r: j for j, r in enumerate(self.replicas)}
 

@@ -20,6 +20,7 @@ from .._ir.records import GraphData, IrData, Op, TensorKind
 from ..errors import EngineError
 from .kernels import load_all
 from . import batch_collectives, memory_plan
+from .instrument import Instrument
 from .kernels.registry import CONTROL_FLOW_TYPES, KERNELS, KernelSpec, spec_of
 from .memory_plan import MemoryPlan, plan_memory
 
@@ -103,14 +104,19 @@ class CompiledGraph:
         self.filename = filename
         self.source = source
         self.memory_plan = memory_plan or MemoryPlan(graph=gid)
+        self.local_names: Dict[str, str] = {}     # tensor id -> its local in the source
 
 
 class Program:
-    """All graphs of an IR compiled for one worker; the main graph split by execution context."""
+    """All graphs of an IR compiled for one worker; the main graph split by execution context.
 
-    def __init__(self, ir: IrData):
+    `instrument` adds debugging lines around the ops (see `engine/instrument.py`); without it
+    the generated code is the plain program."""
+
+    def __init__(self, ir: IrData, instrument: Optional[Instrument] = None):
         load_all()
         self.ir = ir
+        self.instrument = instrument if instrument is not None and instrument.active else None
         main = ir.main
         # Device state: on-chip variables, plus tensors the WeightsFromHost fragment produces
         # for the rest of the program (RTS shards). Remote variables live in remote buffers.
@@ -156,6 +162,13 @@ class Program:
 
     def explain(self, exc: BaseException) -> Optional[Tuple[Op, str]]:
         """The op (and graph id) whose generated line raised `exc`, innermost first."""
+        found = self.failing_frame(exc)
+        return None if found is None else found[:2]
+
+    def failing_frame(self, exc: BaseException):
+        """(op, graph id, its values by tensor id) of the innermost generated line that
+        `exc` passed through, or None: the values are those the op's inputs had when it
+        failed (for error reports)."""
         tb = exc.__traceback__
         found = None
         while tb is not None:
@@ -164,9 +177,14 @@ class Program:
             if cg is not None:
                 op = cg.line_to_op.get(tb.tb_lineno)
                 if op is not None:
-                    found = (op, cg.gid)
+                    found = (op, cg, tb.tb_frame)
             tb = tb.tb_next
-        return found
+        if found is None:
+            return None
+        op, cg, frame = found
+        local = frame.f_locals
+        values = {t: local[n] for t, n in cg.local_names.items() if n in local}
+        return op, cg.gid, values
 
     # --- compilation -------------------------------------------------------------------
     def _compile_main(self, exec_ctx: str) -> CompiledGraph:
@@ -221,7 +239,10 @@ class Program:
 
     def _compile(self, gd: GraphData, ops: List[Op], input_ids: List[str],
                  output_ids: List[str], is_main: bool, tag: str = "") -> CompiledGraph:
-        ops = batch_collectives.hoist(self, gd, ops)
+        instr = self.instrument
+        plain = instr is None
+        if plain:
+            ops = batch_collectives.hoist(self, gd, ops)
         plan = _AliasPlan(self, gd, ops, input_ids, output_ids, is_main)
         names: Dict[str, str] = {}
         counter = itertools.count()
@@ -241,19 +262,25 @@ class Program:
         body_start = len(lines)
         # Persistent state (main graph) and constants are bound at the top.
         used = {t for op in ops for t in op.inputs} | set(output_ids)
+        state_used: List[str] = []
         if is_main:
             state_used = [t for t in self.state_ids if t in used]
             if state_used:
                 lines.append("    S = ctx.state")
                 for t in state_used:
                     lines.append(f"    {name_of(t)} = S[{self.state_index[t]}]")
+        constants = []
         for t in sorted(used):
             info = gd.tensors.get(t)
             if info is not None and info.kind == TensorKind.CONSTANT:
+                constants.append(t)
                 cname = f"C_{name_of(t)}"
                 glob[cname] = info.data
                 copy = ".copy()" if t in plan.copy_constants else ""
                 lines.append(f"    {name_of(t)} = {cname}{copy}")
+        if not plain:
+            lines.extend(instr.entry_lines(gd, [*input_ids, *state_used, *constants],
+                                           name_of, glob))
         last_use = plan.last_use
         has_collectives = self._ops_have_collectives(ops)
         fns = [self._kernel_fn(gd, op) for op in ops]
@@ -262,7 +289,7 @@ class Program:
         call_aliases = {pos: self.graph(op.called[0]).memory_plan.output_alias
                         for pos, op in enumerate(ops) if op.type == "Call"}
         kinds = [self._plan_kind(op, fn, plan) for op, fn in zip(ops, fns)]
-        if not memory_plan.enabled():
+        if not memory_plan.enabled() or not (plain or instr.plans_memory):
             kinds = [k if k in (memory_plan.CONTROL, memory_plan.ALIAS0) else memory_plan.OTHER
                      for k in kinds]
         in_place_inputs = {pos: KERNELS[op.type].inplace for pos, op in enumerate(ops)
@@ -280,7 +307,7 @@ class Program:
             lines[0] = lines[0][:-2] + ", out=None):"
             glob["_NO_OUT"] = (None,) * len(output_ids)
             lines.append("    O = _NO_OUT if out is None else out")
-        batches = batch_collectives.runs(gd, ops)
+        batches = batch_collectives.runs(gd, ops) if plain else {}
         batched = {id(m) for run in batches.values() for m in run[1:]}
         for pos, op in enumerate(ops):
             spec = self._spec(op)
@@ -307,6 +334,8 @@ class Program:
                 if coll:
                     call = f"(yield from {call})"
             elif spec.collective:
+                if not plain:
+                    fn = instr.collective_fn(fn, op, gd.id, _modified(spec, op))
                 glob[kname] = CollectiveStep(fn, op)
                 call = f"(yield ({kname}, ({''.join(a + ', ' for a in ins)})))"
             else:
@@ -320,8 +349,17 @@ class Program:
                 stmt = f"{', '.join(outs)}, = {call}"
             else:
                 stmt = self._statement(gd, op, spec, call, outs, plan)
+            pre, post = (((), ()) if plain or stmt is None else
+                         instr.around(gd, op, pos, _modified(spec, op), ins, outs, glob,
+                                      spec is None, bool(spec and spec.collective)))
+            for line in pre:
+                lines.append(line)
+                line_to_op[len(lines)] = op
             if stmt is not None:
                 lines.append(f"    {stmt}")
+                line_to_op[len(lines)] = op
+            for line in post:
+                lines.append(line)
                 line_to_op[len(lines)] = op
             lines.extend(_reshape_sync_lines(plan, pos, name_of))
             if is_main:
@@ -344,6 +382,7 @@ class Program:
         exec(code, glob)
         cg = CompiledGraph(gd.id, glob["run"], plan.modified_inputs, has_collectives, ops,
                            line_to_op, filename, source, mplan)
+        cg.local_names = names
         self._by_filename[filename] = cg
         return cg
 
@@ -460,6 +499,11 @@ class Program:
 # In-place alias kernels that return a copy when NumPy cannot make the view (see
 # `_AliasPlan._plan_reshape_syncs`); the other alias kernels (transpose_, slice_) always view.
 _ALIASES_THAT_MAY_COPY = frozenset({"ReshapeInplace"})
+
+
+def _modified(spec: Optional[KernelSpec], op: Op) -> Tuple[int, ...]:
+    """The input indices op writes in place (none for control-flow ops)."""
+    return spec.modified_inputs(op) if spec is not None and spec.modifies else ()
 
 
 def _has_out(op: Op, mplan: MemoryPlan) -> bool:

@@ -15,10 +15,16 @@ import numpy as np
 
 from .._ir.records import IrData, TensorKind
 from ..dtypes import storage_numpy
-from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerError
+from ..errors import CollectiveTimeout, EngineError, NonFiniteError, RunAborted, WorkerError
 from ..runtime.env import positive_int
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
+from .instrument import Instrument
+from .flight import (FlightRecorder, attach as attach_flight, dump as flight_dump,
+                     merge_peers as merge_flights)
+from .nonfinite import call_chain, floating_point_error
+from .recorder import Recorder
+from .replica_check import ReplicaCheck
 from .kernels._util import fp_events
 
 __all__ = ["ReplicaContext", "Worker", "group_layout", "shard_of", "unshard"]
@@ -28,7 +34,7 @@ class ReplicaContext:
     """One replica's device memory and its host-stream cursors for the current run."""
 
     __slots__ = ("replica", "state", "in_chunks", "in_count", "out_chunks", "out_count",
-                 "remote", "prints", "buffers")
+                 "remote", "prints", "buffers", "run", "taps", "sites")
 
     def __init__(self, replica: int, n_state: int, n_in: int, n_out: int):
         self.replica = replica
@@ -40,6 +46,9 @@ class ReplicaContext:
         self.remote: Dict[int, np.ndarray] = {}
         self.prints: List[str] = []       # PrintTensor output of the current run
         self.buffers: Dict[object, List[np.ndarray]] = {}   # memory-plan buffers, per graph
+        self.run = 0                      # the Session's run number (1 for the first run)
+        self.taps: List[tuple] = []       # tensors kept this run (see engine/instrument.py)
+        self.sites: List[int] = []        # the control-flow ops being run (taps' call sites)
 
     def next_input(self, slot: int) -> np.ndarray:
         k = self.in_count[slot]
@@ -119,9 +128,16 @@ class Worker:
 
     def __init__(self, ir: IrData, comm: Optional[Communicator] = None):
         self.ir = ir
-        self.program = Program(ir)
+        self.debug = ir.debug
+        self.program = Program(ir, self._instrument())
+        self.plain_program = self.program
+        self.runs = 0                          # Session.run calls served
+        self.replica_check = ReplicaCheck(ir) if self.debug.check_replicas else None
         self.comm = comm or Communicator(Layout(ir.replication_factor, 1), 0)
         self.replicas = list(self.comm.replicas)
+        self.flight = FlightRecorder(self.comm.worker, self.replicas, self.debug.flight_size)
+        self.recorder = (Recorder(self.debug.record_dir, self.debug.session_tag)
+                         if self.debug.record_dir else None)
         p = self.program
         self.ctxs = [ReplicaContext(r, len(p.state_ids), len(p.h2d_streams), len(p.d2h_streams))
                      for r in self.replicas]
@@ -143,6 +159,26 @@ class Worker:
             self._pool = ThreadPoolExecutor(max_workers=n - 1,
                                             thread_name_prefix="popxl-replica")
             weakref.finalize(self, self._pool.shutdown, wait=False)
+
+    def _instrument(self, taps: Optional[Dict[str, Sequence[str]]] = None
+                    ) -> Optional[Instrument]:
+        d = self.debug
+        instr = Instrument(checks=d.checks_values, fp_checks=d.fp_checks, taps=taps)
+        return instr if instr.active else None
+
+    # --- taps ----------------------------------------------------------------------------
+    def set_taps(self, taps: Optional[Dict[str, Sequence[str]]]) -> None:
+        """Keep the values of these tensors (`{graph id: tensor ids}`) in every run from now on
+        (the program is compiled again with taps), or stop keeping them (None)."""
+        self.program = (Program(self.ir, self._instrument(taps)) if taps
+                        else self.plain_program)
+        for ctx in self.ctxs:
+            ctx.buffers.clear()          # the other program's buffers: allocated again on use
+            ctx.taps = []
+
+    def take_taps(self) -> Dict[int, List[tuple]]:
+        """`{replica: [(graph id, tensor id, call sites, value), ...]}` kept by the last run."""
+        return {ctx.replica: list(ctx.taps) for ctx in self.ctxs}
 
     # --- weights -----------------------------------------------------------------------
     def write_weights(self, values: Dict[str, np.ndarray]) -> None:
@@ -249,7 +285,17 @@ class Worker:
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         """Run the main program once. `inputs[s]` / `outputs[s]` are `(T, R_local, *shape)`
         arrays for stream slot s."""
+        self.runs += 1
+        self.comm.run = self.runs
+        self.flight.new_run(self.runs)
+        if self.recorder is not None:
+            self.recorder.start(self, self.runs, inputs)
+            self.recorder.expect_outputs(outputs)
         for j, ctx in enumerate(self.ctxs):
+            ctx.run = self.runs
+            if ctx.taps:
+                ctx.taps = []
+            ctx.sites.clear()
             for s, arr in enumerate(inputs):
                 chunks = [arr[t, j, ...] for t in range(arr.shape[0])]
                 for c in chunks:
@@ -259,8 +305,41 @@ class Worker:
             for s, arr in enumerate(outputs):
                 ctx.out_chunks[s] = [arr[t, j, ...] for t in range(arr.shape[0])]
                 ctx.out_count[s] = 0
-        self._execute(self.program.main)
-        self._zero_unstored_transfers()
+        try:
+            self._execute(self.program.main)
+            self._zero_unstored_transfers()
+            if self.replica_check is not None:
+                self.replica_check.check(
+                    self.comm, [[self._stored(ctx, t) for t, _ in self.replica_check.run_parts]
+                                for ctx in self.ctxs], self.runs)
+        except BaseException as e:
+            if self.recorder is not None:
+                self._save_recording(e)
+            raise
+        if self.recorder is not None:
+            self.recorder.succeeded(outputs)
+
+    def save_recording(self) -> Optional[str]:
+        """Write this worker's part of the latest run's replay bundle (POPXL_RECORD); its
+        directory, or None when not recording or nothing ran yet."""
+        return self._save_recording(None) if self.recorder is not None else None
+
+    def _save_recording(self, error: Optional[BaseException]) -> Optional[str]:
+        try:
+            path = self.recorder.save(self, error)
+        except OSError as e:           # the run's own failure matters more than its record
+            if error is not None:
+                error.replay_bundle = f"(not written: {e})"
+            return None
+        if error is not None and path and not getattr(error, "replay_bundle", None):
+            error.replay_bundle = path
+            if isinstance(error, Exception) and error.args and isinstance(error.args[0], str) \
+                    and not isinstance(error, RunAborted):
+                note = f"\n  replay it in one process: popxl-replay {path}"
+                if hasattr(error, "flight_base"):
+                    error.flight_base += note
+                error.args = (error.args[0] + note,) + error.args[1:]
+        return path
 
     def _zero_unstored_transfers(self) -> None:
         """A d2h stream stored k times in a run, fewer than its output's transfers T, leaves
@@ -323,12 +402,16 @@ class Worker:
         worker's failure (e.g. raised by the Ray backend's watchdog) passes unchanged."""
         if isinstance(exc, (WorkerError, RunAborted)):
             return exc
+        if isinstance(exc, NonFiniteError):
+            return self._with_call_sites(exc)
+        if isinstance(exc, FloatingPointError):
+            found = self.program.failing_frame(exc)
+            if found is not None:
+                op, gid, values = found
+                err = floating_point_error(op, gid, replica, self.runs, exc,
+                                           [values.get(t) for t in op.inputs])
+                return self._with_call_sites(err, exc)
         err = explain_error(self.program, exc)
-        if isinstance(exc, FloatingPointError) and err is not exc:
-            op = getattr(err, "op", None)
-            err = EngineError(f"{err} (a floating-point exception: the program enabled "
-                              f"SessionOptions.enableFloatingPointChecks)")
-            err.op = op
         if self.ir.replication_factor > 1:
             op = getattr(err, "op", None)
             text = str(err) if err is not exc else f"{type(exc).__name__}: {exc}"
@@ -336,6 +419,21 @@ class Worker:
             err.op = op
         if err is not exc:
             err.replica = replica
+        return err
+
+    def _with_call_sites(self, err: NonFiniteError,
+                         raised: Optional[BaseException] = None) -> NonFiniteError:
+        """`err` with the call sites of its graph added (once), outermost first (found in the
+        traceback of `raised`, default `err`)."""
+        if getattr(err, "_sites_added", False):
+            return err
+        chain = call_chain(self.program, raised or err)
+        err._sites_added = True
+        if chain:
+            sites = "".join(f"\n  called from {op.describe()} in "
+                            f"{'graph ' + repr(g) if g else 'the main graph'}"
+                            for op, g in chain)
+            err.args = (f"{err.args[0]}{sites}",) + err.args[1:]
         return err
 
     def _lockstep(self, cg) -> None:
@@ -346,10 +444,13 @@ class Worker:
         comm = self.comm
         by_ctx = {id(ctx): gen for ctx, gen in zip(self.ctxs, gens)}
 
+        flight = self.flight
+
         def advance(ctx, value):
             try:
                 return by_ctx[id(ctx)].send(value)
             except StopIteration:
+                flight.finish(ctx.replica)
                 return None
 
         while True:
@@ -370,16 +471,23 @@ class Worker:
                 return
             step: CollectiveStep = first[0] if first is not None else None
             if any(s is None or s[0] is not step for s in steps):
-                raise EngineError(self._divergence(steps))
+                for ctx, s in zip(self.ctxs, steps):
+                    if s is not None:
+                        flight.start(ctx.replica, s[0].op, s[1])
+                raise self._flight_report(EngineError(self._divergence(steps)))
             comm.tag = step.tag
+            records = [flight.start(ctx.replica, step.op, s[1])
+                       for ctx, s in zip(self.ctxs, steps)]
             try:
                 sends = step.fn(comm, [s[1] for s in steps])
             except CollectiveTimeout as e:
                 if e.op is not None:
-                    raise                        # another worker's, already described
-                raise self._timed_out(step.op, e) from None
-            except (WorkerError, RunAborted):
-                raise                            # another worker's failure, already described
+                    raise self._flight_report(e)   # another worker's, already described
+                raise self._flight_report(self._timed_out(step.op, e)) from None
+            except (WorkerError, RunAborted) as e:
+                raise self._flight_report(e)     # another worker's failure, already described
+            except NonFiniteError as e:
+                raise self._with_call_sites(e) from None
             except Exception as e:  # noqa: BLE001
                 hint = (" (a floating-point exception: the program enabled "
                         "SessionOptions.enableFloatingPointChecks)"
@@ -388,7 +496,23 @@ class Worker:
                                   f"{self.replicas[0]}..{self.replicas[-1]}: "
                                   f"{type(e).__name__}: {e}{hint}")
                 err.op = step.op
-                raise err from e
+                raise self._flight_report(err) from e
+            flight.end(records)
+
+    def _flight_report(self, err: BaseException) -> BaseException:
+        """`err` with this worker's flight records (and them written to
+        POPXL_FLIGHT_RECORDER's directory when set)."""
+        snapshot = self.flight.snapshot()
+        if self.debug.flight_dir:
+            try:
+                path = flight_dump(self.debug.flight_dir, self.debug.session_tag,
+                                   self.comm.worker, snapshot, f"{type(err).__name__}: {err}")
+                err.flight_files = getattr(err, "flight_files", ()) + (path,)
+            except OSError as e:       # the failure matters more than its dump
+                err.flight_files = (f"(not written: {e})",)
+        if getattr(err, "flight", None) is not None:     # another worker's, with its records
+            return merge_flights(err, [snapshot])
+        return attach_flight(err, snapshot)
 
     def _timed_out(self, op, exc: CollectiveTimeout) -> CollectiveTimeout:
         """The transport's timeout, naming the op, the replicas that waited and the silent

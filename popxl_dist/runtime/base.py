@@ -9,7 +9,7 @@ import numpy as np
 from .._ir.records import IrData, TensorKind
 
 __all__ = ["Runtime", "to_host_layout", "needed_replicas", "host_value", "Printed",
-           "emit_prints"]
+           "emit_prints", "InProcessDebugging"]
 
 
 class Printed(NamedTuple):
@@ -142,3 +142,36 @@ class Runtime:
     def memory_report(self) -> List[Dict[str, int]]:
         """Device bytes by kind of the first replica of each worker."""
         raise NotImplementedError
+
+    # --- debugging (popxl.debug) ---------------------------------------------------------
+    def set_taps(self, taps: Optional[Dict[str, List[str]]]) -> None:
+        """Keep these tensors' values (`{graph id: tensor ids}`) in every run from now on, or
+        stop (None)."""
+        raise NotImplementedError(f"the {self.name} runtime cannot keep tensors")
+
+    def take_taps(self) -> Dict[int, list]:
+        """`{replica: [(graph id, tensor id, call sites, value), ...]}` of the last run, for
+        the replicas this process feeds."""
+        raise NotImplementedError(f"the {self.name} runtime cannot keep tensors")
+
+    def save_recording(self) -> List[str]:
+        """Every worker writes its part of the latest run's replay bundle (POPXL_RECORD);
+        the bundles' directories."""
+        raise NotImplementedError(f"the {self.name} runtime cannot record runs")
+
+
+class InProcessDebugging:
+    """The debugging requests of a runtime whose replicas all live in `self.worker` (an
+    executor Worker in this process)."""
+
+    worker: Any
+
+    def set_taps(self, taps) -> None:
+        self.worker.set_taps(taps)
+
+    def take_taps(self) -> Dict[int, list]:
+        return self.worker.take_taps()
+
+    def save_recording(self) -> List[str]:
+        path = self.worker.save_recording()
+        return [path] if path else []

@@ -23,6 +23,7 @@ from ..engine.comm import Transport
 from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
 from .links import ABORT, BYE, CMD, DATA, FAILED, FIN, OUTPUT, REPLY, Link, Message
 from .polling import Backoff, process_alive
+from .reported import flight_of, message_of, reported
 
 __all__ = ["Endpoint", "EndpointTransport", "serve", "encode", "decode", "describe",
            "OK", "ERROR", "ABORTED", "LIVENESS_PERIOD", "DIVERGE_GRACE"]
@@ -310,16 +311,16 @@ def serve(ep: Endpoint, handle: Callable[[str, int, int, Any], Any],
                 fn = (special or {}).get(cmd)
                 value = fn(payload) if fn is not None else handle(cmd, sid, m.run_id, payload)
             except RunAborted as e:
-                status, value = ABORTED, str(e)
+                status, value = ABORTED, (message_of(e), flight_of(e))
             except BaseException as e:  # noqa: BLE001 - reported to the host
-                status, value = ERROR, describe(e)
+                status, value = ERROR, (reported(e), flight_of(e))
                 if os.environ.get("POPXL_DEBUG"):
                     traceback.print_exc()
             try:
                 meta, bufs = encode(value)
             except Exception as e:  # noqa: BLE001 - an unpicklable result is a failure too
-                status, (meta, bufs) = ERROR, encode(f"cannot send the result back: "
-                                                     f"{describe(e)}")
+                status, (meta, bufs) = ERROR, encode((f"cannot send the result back: "
+                                                      f"{describe(e)}", None))
             host.post(REPLY, m.run_id, status, 0, meta, bufs)
             if not ep.flush_all([0]):
                 return "host died"

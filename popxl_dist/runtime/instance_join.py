@@ -110,8 +110,20 @@ _hooks_installed = False
 _previous_excepthook = None
 
 
+def _from_ctrl_c(value: BaseException) -> bool:
+    """A KeyboardInterrupt, or an error it caused (Python wraps one raised while a class is
+    being created, e.g. during an import, in a RuntimeError)."""
+    seen = set()
+    while value is not None and id(value) not in seen:
+        if isinstance(value, KeyboardInterrupt):
+            return True
+        seen.add(id(value))
+        value = value.__cause__ or value.__context__
+    return False
+
+
 def _excepthook(tp, value, tb) -> None:
-    if issubclass(tp, KeyboardInterrupt):
+    if _from_ctrl_c(value):
         # Ctrl-C is no crash: one line, no traceback.
         group = current_group()
         which = f"instance {group.index}" if group is not None else "this instance"

@@ -21,7 +21,7 @@ from .._ir.records import IrData
 from ..engine.comm import Communicator, Layout
 from ..engine.executor import Worker
 from .blas import blas_threads
-from .base import Runtime, emit_prints, host_value, needed_replicas
+from .base import InProcessDebugging, Runtime, emit_prints, host_value, needed_replicas
 from .instance_join import instance_group
 
 __all__ = ["InstanceRuntime", "program_signature"]
@@ -66,7 +66,7 @@ def _check_instances(infos: Sequence[tuple], me: int) -> List[Tuple[int, int]]:
     return blocks
 
 
-class InstanceRuntime(Runtime):
+class InstanceRuntime(InProcessDebugging, Runtime):
     """This instance's replicas in-process; collectives and weight reads across instances."""
 
     def __init__(self, ir: IrData):

@@ -9,12 +9,12 @@ import numpy as np
 from .._ir.records import IrData
 from ..engine.executor import Worker
 from .blas import blas_threads
-from .base import Runtime, emit_prints, host_value, needed_replicas
+from .base import InProcessDebugging, Runtime, emit_prints, host_value, needed_replicas
 
 __all__ = ["LocalRuntime"]
 
 
-class LocalRuntime(Runtime):
+class LocalRuntime(InProcessDebugging, Runtime):
     name = "local"
 
     def __init__(self, ir: IrData):

@@ -22,12 +22,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..engine.comm import Transport
-from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
+from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerDied, WorkerError
 from .env import collective_timeout, worker_count
 from .liveness import LAUNCHER_ENV, ProcessRef, Watchdog, exit_process
 from .mpi_segments import unlink_mpich_segments
-from .polling import Backoff as _Backoff, process_alive as _alive
+from .polling import Backoff as _Backoff, process_alive as _alive, process_stopped as _stopped
 from .pool import WorkerPool
+from .reported import flight_of, host_error, message_of, reported, with_flights
 from .service import WorkerService
 
 __all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run"]
@@ -36,6 +37,7 @@ CMD, REPLY, ABORT = 11, 12, 13
 _LIVENESS_PERIOD = 0.5
 _ABORT_GRACE = 5.0
 _DIVERGE_GRACE = 1.0
+_SILENT_GRACE = 1.0     # seconds a worker silent in a collective gets to answer an abort
 
 
 def _describe(exc: BaseException) -> str:
@@ -169,6 +171,11 @@ class MPIPool(WorkerPool):
         err.workers = list(dead)
         return err
 
+    def _stopped(self, ranks: Sequence[int]) -> bool:
+        """Whether every one of `ranks` is a stopped process on this host (it cannot answer)."""
+        host = socket.gethostname()
+        return all(self.procs[r][0] == host and _stopped(self.procs[r][1]) for r in ranks)
+
     def _dead_peers(self, ranks: Sequence[int]) -> List[int]:
         host = socket.gethostname()
         return [r for r in ranks if self.procs[r][0] == host and not _alive(self.procs[r][1])]
@@ -206,6 +213,7 @@ class MPIPool(WorkerPool):
         except BaseException as e:
             # Not waiting for the command sends: a large one to a dead rank never completes.
             self._abort(run_id, range(1, n), e)
+            with_flights(e, self._peer_flights(run_id))
             raise
         for s in sends:
             s.wait()            # every worker replied, so it has received its command
@@ -214,6 +222,14 @@ class MPIPool(WorkerPool):
             status, _, _, value = self._replies[w]
             results.append(value)
         return results
+
+    def _peer_flights(self, run_id: int) -> list:
+        """The flight records the other workers sent with their failure or abort replies."""
+        out = []
+        for status, _, rid, value in self._replies.values():
+            if rid == run_id and status in ("aborted", "timeout", "error"):
+                out.append(value[-1])
+        return out
 
     def _armed(self):
         return self.watchdog.armed() if self.watchdog is not None else contextlib.nullcontext()
@@ -231,12 +247,14 @@ class MPIPool(WorkerPool):
             return None                          # a late reply of an aborted run
         self._replies[worker] = reply
         if status == "error":
-            raise WorkerError(f"worker {worker} (MPI rank {worker}) failed: {value}")
+            report, flight = value
+            raise with_flights(host_error(report, lambda text: WorkerError(
+                f"worker {worker} (MPI rank {worker}) failed: {text}")), [flight])
         if status == "timeout":
-            text, silent = value
+            text, silent, flight = value
             err = CollectiveTimeout(f"worker {worker} (MPI rank {worker}): {text}")
             err.workers = tuple(silent)
-            raise err
+            raise with_flights(err, [flight])
         if status == "died":
             _, dead = value
             raise self._died(sorted(set(dead) | set(self._dead_peers(
@@ -285,23 +303,27 @@ class MPIPool(WorkerPool):
                    and w not in self._dead_peers([w])]
         silent = [w for w in getattr(exc, "workers", ()) if w in pending] \
             if isinstance(exc, CollectiveTimeout) else []
-        if silent:
-            # They sent nothing for the whole timeout (stopped or hung): waiting longer for
-            # their answer would only delay the error, and they cannot take new commands.
-            self.broken = (f"worker(s) {silent} sent nothing to a collective within "
-                           f"{self.timeout:g} s (stopped or hung?)")
-            pending = [w for w in pending if w not in silent]
         for w in pending:
             self.ctrl.send((run_id, f"another worker failed: {_describe(exc)}"), dest=w, tag=ABORT)
-        deadline = time.monotonic() + _ABORT_GRACE
+        start = time.monotonic()
         backoff = _Backoff()
         while any(w not in self._replies for w in pending):
             try:
                 if self._take_reply(run_id) is None:
                     backoff.wait()
-            except WorkerError:
+            except EngineError:          # their failures (the first one is being raised)
                 pass
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            quiet = [w for w in silent if w not in self._replies]
+            if quiet and (waited > _SILENT_GRACE or self._stopped(quiet)):
+                # They sent nothing for the whole timeout and do not answer now (stopped or
+                # hung): waiting longer would only delay the error, and they cannot take
+                # new commands. (One waiting in another collective answers the abort at once,
+                # with its flight records.)
+                self.broken = (f"worker(s) {quiet} sent nothing to a collective within "
+                               f"{self.timeout:g} s (stopped or hung?)")
+                return
+            if waited > _ABORT_GRACE:
                 stuck = [w for w in pending if w not in self._replies]
                 self.broken = f"worker(s) {stuck} did not stop after a failure"
                 return
@@ -366,16 +388,17 @@ class MPIPool(WorkerPool):
                     reply = ("ok", self.rank, run_id,
                              self.service.handle(cmd, sid, run_id, payload))
                 except RunAborted as e:
-                    reply = ("aborted", self.rank, run_id, str(e))
+                    reply = ("aborted", self.rank, run_id, (message_of(e), flight_of(e)))
                 except CollectiveTimeout as e:
-                    reply = ("timeout", self.rank, run_id, (str(e), tuple(e.workers)))
+                    reply = ("timeout", self.rank, run_id,
+                             (message_of(e), tuple(e.workers), flight_of(e)))
                 except WorkerDied as e:
                     # Another worker died while this one waited for it: the host reports the
                     # death (WorkerDied naming it), not this worker's failed collective.
                     reply = ("died", self.rank, run_id,
                              (str(e), tuple(getattr(e, "workers", ()) or ())))
                 except BaseException as e:  # noqa: BLE001 - reported to the host
-                    reply = ("error", self.rank, run_id, _describe(e))
+                    reply = ("error", self.rank, run_id, (reported(e), flight_of(e)))
                     if os.environ.get("POPXL_DEBUG"):
                         traceback.print_exc()
                 self.ctrl.send(reply, dest=0, tag=REPLY)

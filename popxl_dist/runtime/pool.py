@@ -13,6 +13,7 @@ from ..engine.comm import Layout
 from ..engine.compile import stream_slots
 from ..errors import WorkerDied
 from .base import Runtime, host_value, needed_replicas, unwrap_printed
+from .reported import with_flights
 
 __all__ = ["WorkerPool", "PoolRuntime"]
 
@@ -101,10 +102,26 @@ class PoolRuntime(Runtime):
             ins = [a[:, lo:hi] for a in inputs]
             specs = [((o.shape[0], hi - lo) + o.shape[2:], o.dtype) for o in outputs]
             payloads.append((ins, specs))
-        results = [unwrap_printed(r) for r in self._call("run", payloads)]
+        try:
+            replies = self._call("run", payloads)
+        except BaseException as e:
+            self._add_flights(e)
+            raise
+        results = [unwrap_printed(r) for r in replies]
         for (lo, hi), res in zip(self.layout.blocks, results):
             for o, r in zip(outputs, res):
                 o[:, lo:hi] = r
+
+    def _add_flights(self, err: BaseException) -> None:
+        """A failed run's error that carries flight records gets every worker's (those that
+        finished their part of the run too), when the workers can still answer."""
+        if getattr(err, "flight", None) is None or getattr(self.pool, "broken", None):
+            return
+        try:
+            snapshots = self._call("flight", [None] * self.num_workers)
+        except Exception:  # noqa: BLE001 - the run's failure is what the caller must see
+            return
+        with_flights(err, snapshots)
 
     def run_fragment(self, which: str) -> None:
         for reply in self._call("run_fragment", [which] * self.num_workers):
@@ -126,6 +143,18 @@ class PoolRuntime(Runtime):
 
     def memory_report(self) -> List[Dict[str, int]]:
         return self._call("memory", [None] * self.num_workers)
+
+    def set_taps(self, taps) -> None:
+        self._call("set_taps", [taps] * self.num_workers)
+
+    def take_taps(self) -> Dict[int, list]:
+        out: Dict[int, list] = {}
+        for part in self._call("take_taps", [None] * self.num_workers):
+            out.update(part)
+        return out
+
+    def save_recording(self) -> List[str]:
+        return sorted({p for p in self._call("save_recording", [None] * self.num_workers) if p})
 
     def blocks(self) -> List[Tuple[int, int]]:
         return list(self.layout.blocks)

@@ -27,8 +27,9 @@ import time
 from typing import Any, List, Optional, Sequence
 
 from ..errors import WorkerDied, WorkerError
+from .reported import host_error, with_flights
 from .blas import job_blas_threads, user_blas_vars
-from .endpoint import (ERROR, Endpoint, EndpointTransport, decode, describe, encode,
+from .endpoint import (ABORTED, ERROR, Endpoint, EndpointTransport, decode, describe, encode,
                        serve)
 from .env import collective_timeout, ray_transport
 from .links import ABORT, BYE, CMD, FIN
@@ -297,8 +298,20 @@ class RayPool(WorkerPool):
             self._wait_replies(run_id, workers, deadline)
         except BaseException as e:
             self._abort(run_id, workers, e)
+            with_flights(e, self._peer_flights(run_id))
             raise
         return [own] + [decode(ep.replies[w]) for w in workers]
+
+    def _peer_flights(self, run_id: int) -> list:
+        """The flight records the other workers sent with their failure or abort replies."""
+        out = []
+        for m in self.endpoint.replies.values():
+            if m.run_id == run_id and m.a in (ERROR, ABORTED):
+                try:
+                    out.append(decode(m)[1])
+                except Exception:  # noqa: BLE001 - a reply that does not decode has none
+                    pass
+        return out
 
     def _take_replies(self, run_id: int) -> None:
         """Drop stale replies; raise the first failure reported for this run."""
@@ -308,7 +321,9 @@ class RayPool(WorkerPool):
             if m.run_id != run_id:
                 del replies[w]
             elif m.a == ERROR:
-                raise WorkerError(f"worker {w} (Ray actor) failed: {decode(m)}")
+                report, flight = decode(m)
+                raise with_flights(host_error(report, lambda text: WorkerError(
+                    f"worker {w} (Ray actor) failed: {text}")), [flight])
 
     def _wait_replies(self, run_id: int, workers: Sequence[int],
                       deadline: Optional[float]) -> None:

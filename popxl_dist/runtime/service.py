@@ -57,6 +57,15 @@ class WorkerService:
             return None
         if cmd == "memory":
             return worker.memory_report()
+        if cmd == "set_taps":
+            worker.set_taps(payload)
+            return None
+        if cmd == "take_taps":
+            return worker.take_taps()
+        if cmd == "save_recording":
+            return worker.save_recording()
+        if cmd == "flight":
+            return worker.flight.snapshot()
         if cmd == "copy_to":
             dst_sid, plan = payload
             if plan:

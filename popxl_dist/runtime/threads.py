@@ -14,6 +14,7 @@ from .env import collective_timeout
 from .mailbox import Mailbox, MailboxTransport
 from .pool import WorkerPool
 from .blas import blas_threads
+from .reported import flight_of, with_flights
 from .service import WorkerService
 
 __all__ = ["ThreadPool", "thread_pool"]
@@ -83,7 +84,8 @@ class ThreadPool(WorkerPool):
         failures += [f.exception() for f in futures if f.done() and f.exception() is not None]
         if failures:
             real = [e for e in failures if not isinstance(e, RunAborted)]
-            raise (real or failures)[0]
+            first = (real or failures)[0]
+            raise with_flights(first, [flight_of(e) for e in failures if e is not first])
         return [first] + [f.result() for f in futures]
 
     def _wait(self, futures, failures: List[BaseException]) -> None:

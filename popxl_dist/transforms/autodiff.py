@@ -322,7 +322,10 @@ class _GradBuilder:
                             "implemented" if op.type.endswith("Grad") else "no grad rule")
                     raise NotImplementedError(f"autodiff: op type '{op.type}' has {what} "
                                               f"({op.describe()})")
+                n_before = len(gd_bwd.ops)
                 dxs = rule(GradContext(self, op), dys)
+                for made in gd_bwd.ops[n_before:]:
+                    made.origin = made.origin or op.describe()
                 if len(dxs) != len(op.inputs):
                     raise RuntimeError(f"grad rule of '{op.type}' returned {len(dxs)} gradients "
                                        f"for {len(op.inputs)} inputs")

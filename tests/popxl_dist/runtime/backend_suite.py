@@ -3,7 +3,7 @@ upstream-semantics and Session cases, failure scenarios and a short data-paralle
 one host script.
 
     popxl-run --backend B --workers W backend_suite.py [--dp-weights PATH] [--gpt-losses PATH]
-              [--failures a,b] [--no-cases] [--transport-stats PATH]
+              [--failures a,b] [--no-cases] [--transport-stats PATH] [--debug-bundles PATH]
 
 Prints the lines of each part; exit status = number of failed parts.
 """
@@ -19,6 +19,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import collective_cases  # noqa: E402
+import debug_cases  # noqa: E402
 import failure_cases  # noqa: E402
 import fp8_cases  # noqa: E402
 import remote_cases  # noqa: E402
@@ -37,6 +38,8 @@ def main() -> int:
     p.add_argument("--gpt-losses", default="")
     p.add_argument("--failures", default="")
     p.add_argument("--no-cases", action="store_true")
+    p.add_argument("--debug-bundles", default="",
+                   help="the debug cases write their replay bundles' paths here (JSON)")
     p.add_argument("--transport-stats", default="",
                    help="ray: write the pool's transport_stats() as JSON here (before failures)")
     ns = p.parse_args()
@@ -49,6 +52,8 @@ def main() -> int:
         failed += tp2d_cases.main() != 0
         failed += fp8_cases.main() != 0
         failed += session_cases.main() != 0
+        failed += debug_cases.main(["--bundles", ns.debug_bundles]
+                                   if ns.debug_bundles else []) != 0
     if ns.dp_weights:
         import mnist_data_parallel
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 import collective_cases
+import debug_cases
 import failure_cases
 import fp8_cases
 import remote_cases
@@ -141,6 +143,30 @@ def test_failures_on_local_backend(monkeypatch, capsys, workers):
     assert failure_cases.main(["error", "diverge"]) == 0, capsys.readouterr().out
 
 
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_debug_cases_on_local_backend(monkeypatch, capsys, workers):
+    if workers:
+        monkeypatch.setenv("POPXL_WORKERS", workers)
+    assert debug_cases.main() == 0, capsys.readouterr().out[-3000:]
+
+
+def assert_bundles_replay(path) -> None:
+    """The bundles the debug cases recorded on other workers replay here, in this one
+    process: the failing run raises the same error, the good run gives its outputs bitwise."""
+    from popxl.debug import replay
+
+    with open(path) as f:
+        bundles = json.load(f)
+    failed = replay(bundles["failed"])
+    assert failed.error is not None
+    assert str(failed.error).splitlines()[0] == bundles["error"], (failed.error,
+                                                                   bundles["error"])
+    good = replay(bundles["good"])
+    assert good.error is None and good.identical, good
+    assert np.array_equal(next(iter(good.outputs.values()))[0],
+                          np.asarray(bundles["good_outputs"], np.float32))
+
+
 @pytest.fixture(scope="module")
 def local_weights(tmp_path_factory):
     """The reference: the short data-parallel run with every replica in this process."""
@@ -179,10 +205,11 @@ def test_worker_threads_train_bitwise_like_one_worker(monkeypatch, tmp_path, loc
 @needs_mpi
 def test_mpi_two_ranks_cases_failures_and_bitwise_training(tmp_path, local_weights,
                                                            local_gpt_losses, tp2d_digest):
-    path, gpt = tmp_path / "mpi.npz", tmp_path / "gpt.npy"
+    path, gpt, bundles = tmp_path / "mpi.npz", tmp_path / "gpt.npy", tmp_path / "bundles.json"
     res = popxl_run("mpi", 2, SUITE, "--dp-weights", str(path), "--gpt-losses", str(gpt),
-                    "--failures", "error,diverge")
+                    "--failures", "error,diverge", "--debug-bundles", str(bundles))
     assert_suite_ok(res)
+    assert_bundles_replay(bundles)
     assert_bitwise_equal(load_weights(path), local_weights)
     assert "Accuracy on test set:" in res.stdout
     assert "TP=2 vs TP=1 losses" in res.stdout
@@ -283,10 +310,11 @@ def test_mpi_ctrl_c_stops_every_rank():
 @needs_ray
 def test_ray_cases_failures_crash_and_bitwise_training(tmp_path, local_weights,
                                                        local_gpt_losses, tp2d_digest):
-    path, gpt = tmp_path / "ray.npz", tmp_path / "gpt.npy"
+    path, gpt, bundles = tmp_path / "ray.npz", tmp_path / "gpt.npy", tmp_path / "bundles.json"
     res = popxl_run("ray", 2, SUITE, "--dp-weights", str(path), "--gpt-losses", str(gpt),
-                    "--failures", "error,diverge,crash")
+                    "--failures", "error,diverge,crash", "--debug-bundles", str(bundles))
     assert_suite_ok(res)
+    assert_bundles_replay(bundles)
     assert "worker 1 held replica 1" in res.stdout
     assert_bitwise_equal(load_weights(path), local_weights)
     assert np.load(gpt).tobytes() == local_gpt_losses.tobytes()
