@@ -35,7 +35,10 @@ class Bundle:
 
     @property
     def recorded_error(self) -> Optional[str]:
-        return next((p["error"] for p in self.parts if p.get("error")), None)
+        """The recorded failure: a worker's own error rather than another's abort."""
+        errors = [p for p in self.parts if p.get("error")]
+        own = [p for p in errors if not p.get("aborted")]
+        return (own or errors)[0]["error"] if errors else None
 
 
 def load_bundle(path: str) -> Bundle:

@@ -114,6 +114,8 @@ class Recorder:
             "out_specs": self.out_specs,
             "succeeded": self.outputs is not None,
             "error": None if error is None else f"{type(error).__name__}: {error}",
+            # stopped because another worker failed: not where the run went wrong
+            "aborted": error is not None and type(error).__name__ == "RunAborted",
         }
         base = os.path.join(path, f"part-r{lo}-{hi}")
         _atomic_write(base + ".npz", lambda f: np.savez(f, **arrays))

@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SUITE = os.path.join(HERE, "instance_suite.py")
 FAILURES = os.path.join(HERE, "instance_failures.py")
+DEBUG = os.path.join(HERE, "instance_debug.py")
 DP = os.path.join(ROOT, "examples", "mnist_popdist.py")
 RTS = os.path.join(ROOT, "examples", "rts_popdist.py")
 DP_ARGS = ["--limit", "3", "--test-batches", "2"]
@@ -345,6 +346,29 @@ def test_ctrl_c_stops_every_instance():
         assert f"[1,{i}]<stderr>: popxl: instance {i} interrupted (Ctrl-C)" in rest, rest
 
 
+def assert_debug(res, prefix: str, directory) -> None:
+    """instance_debug.py's run: instance 1 stopped at the NaN's origin, instance 0 told so; the
+    bundles both instances wrote replay here, in one process: the error, and a good run's
+    outputs bitwise."""
+    from popxl.debug import replay
+
+    zero = lines_of(res.stdout, prefix.format(i=0, stream="stdout"))
+    assert "ok debug" in zero, res.text[-5000:]
+    assert res.returncode == 1, res.text[-3000:]        # instance 1's uncaught error
+    assert "NonFiniteError: Log." in res.text and "replica 3, run 3" in res.text, res.text[-3000:]
+    good = next(x for x in zero if x.startswith("good-bundle ")).split()[1]
+    failed = replay(os.path.join(directory, "session0-run3"))
+    assert "replica 3, run 3" in str(failed.error), failed.error
+    assert replay(good).identical
+
+
+@needs_mpi
+def test_poprun_debugging_across_instances(tmp_path):
+    res = poprun("--num-instances", "2", "--num-replicas", "4", sys.executable, DEBUG,
+                 str(tmp_path), timeout=120)
+    assert_debug(res, "[1,{i}]<{stream}>: ", tmp_path)
+
+
 # --- Ray ------------------------------------------------------------------------------------
 @needs_ray
 def test_ray_two_instances_of_four_replicas(tmp_path, dp_reference):
@@ -355,6 +379,13 @@ def test_ray_two_instances_of_four_replicas(tmp_path, dp_reference):
     assert_suite(res, "[instance {i}] ", 2, PARTS)
     assert_dp_bitwise(tmp_path, dp_reference)
     assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
+
+
+@needs_ray
+def test_ray_debugging_across_instances(tmp_path):
+    res = popxl_run("--backend", "ray", "--instances", "2", "--replicas", "4", DEBUG,
+                    str(tmp_path), timeout=300)
+    assert_debug(res, "[instance {i}] ", tmp_path)
 
 
 @needs_ray
