@@ -19,13 +19,13 @@ from ..errors import CollectiveTimeout, EngineError, NonFiniteError, RunAborted,
 from ..runtime.env import positive_int
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
-from .instrument import Instrument
 from .flight import (FlightRecorder, attach as attach_flight, dump as flight_dump,
                      merge_peers as merge_flights)
+from .instrument import Instrument
+from .kernels._util import fp_events
 from .nonfinite import call_chain, floating_point_error
 from .recorder import Recorder
 from .replica_check import ReplicaCheck
-from .kernels._util import fp_events
 
 __all__ = ["ReplicaContext", "Worker", "group_layout", "shard_of", "unshard"]
 
@@ -443,7 +443,6 @@ class Worker:
         sends: List[object] = [None] * len(gens)
         comm = self.comm
         by_ctx = {id(ctx): gen for ctx, gen in zip(self.ctxs, gens)}
-
         flight = self.flight
 
         def advance(ctx, value):
