@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from typing import Dict, List, Optional
+
+from _report import machine_line, markdown_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRANSFORMER = os.path.join(HERE, "bench_transformer.py")
@@ -74,8 +75,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                        "POPXL_RECORD": record_dir}, TRANSFORMER),
     })
     load = os.getloadavg()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start")
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start",
+          file=sys.stderr)
     got: Dict[str, List[dict]] = {name: [] for name in contenders}
     for r in range(args.rounds):
         for name, (python, env, script) in contenders.items():
@@ -97,10 +98,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                      f"{rss:.0f}"))
     head = ("contender", "CPU ms / step", "vs off", "IR + Session s", "peak RSS MB")
     if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
+        print(f"Measured: {machine_line()}\n")
+        print(markdown_table(head, rows))
+        print(f"\nGPT size {args.size}, 2 replicas in one process, medians of {args.rounds} "
+              f"rounds, each contender a fresh process.")
+        return 0
     else:
         widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
         for row in (head, *rows):

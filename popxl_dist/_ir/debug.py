@@ -45,7 +45,7 @@ def _size(name: str, default: int) -> int:
 
 @dataclass(frozen=True)
 class DebugOptions:
-    """The debugging a Session does (see the README's "Debugging").
+    """The debugging a Session does (see docs/debugging.md).
 
     Attributes:
         nans: stop at the first op whose output holds a NaN or infinity that none of its inputs

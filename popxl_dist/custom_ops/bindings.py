@@ -242,7 +242,7 @@ def _how_to_register(src: BindingSource, cls_name: Optional[str] = None) -> str:
     return (f"popxl-dist compiles no C++: define each op's shape inference, NumPy kernel and "
             f"gradient as a popxl.custom_ops.CustomOp subclass and register it before the "
             f"binding is imported (or name the module that registers it in {CUSTOM_OPS_ENV}):\n"
-            f"{lines}\n(see the README, 'Custom ops')")
+            f"{lines}\n(see docs/custom-ops.md)")
 
 
 def _unknown_message(src: BindingSource) -> str:

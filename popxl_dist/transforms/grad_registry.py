@@ -8,7 +8,7 @@ gradient graph. `g.fwd_in(i)` / `g.fwd_out(i)` make forward tensors available th
 Op types registered with `no_grad` stop the gradient silently (upstream: no grad op); `throws`
 types raise if autodiff has to go through them (upstream's `getGradOps` throws).
 
-The rules live in `transforms/grads/<family>.py`, the family of the op (see the README's layout
+The rules live in `transforms/grads/<family>.py`, the family of the op (see docs/development.md, Layout
 section), including the second-order rules of the family's dedicated grad op types (autodiff of
 a gradient graph): linear maps get their adjoint (a slice's gradient pads, so its adjoint slices;
 a conv's data gradient is the transposed conv, ...), activation gradients their derivative in

@@ -1,6 +1,6 @@
 """The three op trees line up: every op type's builder (`popxl/ops/<family>.py`, `_<family>.py` when
 popxl.ops has no public builder for it), kernel (`popxl/engine/kernels/<family>.py`) and grad rule
-(`popxl/transforms/grads/<family>.py`) live in modules of the same family name (README: Layout).
+(`popxl/transforms/grads/<family>.py`) live in modules of the same family name (docs/development.md: Layout).
 
 Builders are found statically: a module builds op type T when the string "T" occurs in it
 (`add_op("Gelu", ...)`, `binary_op("Div", ...)`, `grad_op("GeluGrad", ...)`, tables of op types).
@@ -112,9 +112,9 @@ def test_grad_rules_sit_in_their_registering_modules():
 
 
 
-def test_the_readme_lists_every_family():
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    layout = readme[readme.index("\n## Layout\n"):]
+def test_the_docs_list_every_family():
+    docs = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "development.md").read_text()
+    layout = docs[docs.index("\n## Layout\n"):]
     table = layout[layout.index("```\nfamily "):]
     table = table[4:table.index("```", 4)]
     listed = {line.split()[0] for line in table.splitlines()[1:] if line and not line[0].isspace()}

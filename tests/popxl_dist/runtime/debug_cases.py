@@ -252,7 +252,7 @@ def flight_recorder() -> None:
                 raise AssertionError("the divergence was not detected")
         skipped = _line_of("the skipped one")
         assert "flight recorder" in text and "replica 0" in text and "replica 1" in text, text
-        assert f"#1 ReplicatedAllReduce" in text and skipped in text, text
+        assert "#1 ReplicatedAllReduce" in text and skipped in text, text
         assert ("replica 1 never reached collective #1" in text
                 or "replica 1 (worker 0): finished" in text), text
         dumps = [json.load(open(os.path.join(tmp, f))) for f in sorted(os.listdir(tmp))]

@@ -5,7 +5,7 @@ while the job runs: it connects to every listener it finds and sends junk, and o
 the job's GCS for the cluster's nodes without the job's token (refused) and with it (the
 positive control: the probe works). The job must still end well, its output unchanged.
 
-Not covered (documented in the README): a plain `mpiexec`/`mpirun` the user starts (MPICH's
+Not covered (documented in docs/security.md): a plain `mpiexec`/`mpirun` the user starts (MPICH's
 hydra, whose control port listens on every interface), jobs across nodes."""
 from __future__ import annotations
 

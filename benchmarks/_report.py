@@ -1,0 +1,52 @@
+"""What every benchmark table says about where it was measured: the machine, its load, the
+code's commit and the command, printed above the table (`--markdown`) so a table in the docs is
+one run's output, never edited by hand."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from typing import Sequence
+
+__all__ = ["machine_line", "markdown_table"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine_line() -> str:
+    """One line: date, CPU and cores, load average now, commit, the command that ran."""
+    load = os.getloadavg()
+    command = " ".join(["python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    return (f"{datetime.date.today().isoformat()}, {_cpu()}, {os.cpu_count()} CPUs, load "
+            f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end; commit {_commit()}; "
+            f"`{command}`")
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
