@@ -19,6 +19,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .index_map import index_map
+
 __all__ = ["register", "sources_digest", "BindingSource", "BindingModule",
            "UnknownBindingError", "binding_module", "registrations"]
 
@@ -216,7 +218,10 @@ def _load_env_modules() -> None:
     if _env_loaded:
         return
     _env_loaded = True
-    from . import known  # noqa: F401  (the built-in registrations)
+    from .known import BUILTINS
+
+    for binding, name, op, sources in BUILTINS:
+        _register_builtin(binding, name, op, sources)
 
     for mod in filter(None, (m.strip() for m in os.environ.get(CUSTOM_OPS_ENV, "").split(","))):
         try:
@@ -345,8 +350,8 @@ def create_op_in_graph(op: Any, graph: Any, inputs: Any, outputs: Any, args: Seq
         raise TypeError(f"{where}.createOpInGraph takes (graph, inputs, outputs, "
                         f"{', '.join(names + ('settings',))}), got {len(args)} attribute "
                         f"value(s) and keywords {sorted(kwargs)}")
-    in_ids = _index_map(inputs, f"{where}.createOpInGraph: inputs")
-    out_ids = _index_map(outputs, f"{where}.createOpInGraph: outputs")
+    in_ids = index_map(inputs, f"{where}.createOpInGraph: inputs")
+    out_ids = index_map(outputs, f"{where}.createOpInGraph: outputs")
     if len(out_ids) != op.num_outputs:
         raise ValueError(f"{where}.createOpInGraph: {len(out_ids)} output ids given, the op "
                          f"has {op.num_outputs} outputs")
@@ -360,15 +365,3 @@ def create_op_in_graph(op: Any, graph: Any, inputs: Any, outputs: Any, args: Seq
     outs = op._append(g, tensors, attrs, name or f"{op.op_type}Op", out_ids=out_ids,
                       notify=False)
     return op_view(g, g._data.producer[outs[0].id])
-
-
-def _index_map(mapping: Any, what: str) -> List[str]:
-    """{0: id, 1: id, ...} as a list (indices must be 0..n-1)."""
-    if not isinstance(mapping, dict):
-        raise TypeError(f"{what} must be a dict {{index: tensor id}}, got "
-                        f"{type(mapping).__name__}")
-    keys = sorted(mapping)
-    if keys != list(range(len(keys))):
-        raise ValueError(f"{what}: indices must be 0..{len(keys) - 1}, got {keys}")
-    return [str(mapping[k]) for k in keys]
-

@@ -19,10 +19,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..tensor import Tensor, TensorSpec
-from .bindings import _register_builtin
+from .index_map import index_map
 from .op import CustomOp, GradInputs
 
-__all__ = ["RotaryPosEmbedHalves", "ADDONS_ROTARY_SOURCES", "APPS_ROTARY_HALVES_SOURCES"]
+__all__ = ["RotaryPosEmbedHalves", "ADDONS_ROTARY_SOURCES", "APPS_ROTARY_HALVES_SOURCES",
+           "BUILTINS"]
 
 # sources_digest() of popxl.addons' rotary_pos_embed binding (as released with SDK 3.4) and of
 # the copy modified to rotate halves in the Dolly and Llama applications (graphcore/examples 3.4)
@@ -37,15 +38,14 @@ class AddonsRotaryPosEmbedOp:
     def createOpInGraph(graph, inputs, outputs, rotaryDim, settings=None):  # noqa: N803 (C++ name)
         from .._pb_shim import op_view
         from ..ops._custom import rotary_pos_embed
-        from .bindings import _index_map
 
         g = getattr(graph, "_graph", graph)
-        ins = [g._tensor(t) for t in _index_map(inputs, "RotaryPosEmbedOp.createOpInGraph: "
+        ins = [g._tensor(t) for t in index_map(inputs, "RotaryPosEmbedOp.createOpInGraph: "
                                                        "inputs")]
         if len(ins) != 3:
             raise ValueError(f"RotaryPosEmbedOp.createOpInGraph: expected 3 inputs (t, sin, "
                              f"cos), got {len(ins)}")
-        out_ids = _index_map(outputs, "RotaryPosEmbedOp.createOpInGraph: outputs")
+        out_ids = index_map(outputs, "RotaryPosEmbedOp.createOpInGraph: outputs")
         name = settings.get("name") if isinstance(settings, dict) else None
         out = rotary_pos_embed(*ins, rotaryDim, settings_name=name, out_ids=out_ids,
                                notify=False)
@@ -90,7 +90,11 @@ class RotaryPosEmbedHalves(CustomOp):
         return [dx, None, None]
 
 
-_register_builtin("rotary_pos_embed_binding", "RotaryPosEmbedOp", AddonsRotaryPosEmbedOp,
-                  ADDONS_ROTARY_SOURCES)
-_register_builtin("rotary_pos_embed_binding", "RotaryPosEmbedOp", RotaryPosEmbedHalves,
-                  APPS_ROTARY_HALVES_SOURCES)
+# (binding, class name, implementation, sources_digest): registered by `bindings` before the
+# user's registrations are looked at
+BUILTINS = [
+    ("rotary_pos_embed_binding", "RotaryPosEmbedOp", AddonsRotaryPosEmbedOp,
+     ADDONS_ROTARY_SOURCES),
+    ("rotary_pos_embed_binding", "RotaryPosEmbedOp", RotaryPosEmbedHalves,
+     APPS_ROTARY_HALVES_SOURCES),
+]

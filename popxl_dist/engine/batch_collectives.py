@@ -18,14 +18,20 @@ nothing to overlap with, and moving collectives into called graphs is not attemp
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple
 
 import numpy as np
 
 from .._ir.records import GraphData, Op
 
-if TYPE_CHECKING:
-    from .compile import Program
+
+class Program(Protocol):
+    """What batching asks of the compiler (`compile.Program`): an op's kernel spec (None for
+    control flow) and a called graph's effects on its inputs."""
+
+    def _spec(self, op: Op) -> Any: ...
+
+    def _callee_effects(self, op: Op) -> Tuple[Set[int], Set[int], bool]: ...
 
 __all__ = ["enabled", "hoist", "runs", "batched_step"]
 

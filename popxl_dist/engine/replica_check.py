@@ -11,9 +11,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from .._ir.partitions import variable_partition
 from .._ir.records import IrData, TensorKind
 from ..errors import ReplicaDivergenceError
-from ..transforms.replica_consistency import variable_partition
 from .comm import Communicator
 
 __all__ = ["ReplicaCheck"]

@@ -23,6 +23,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .._ir.partitions import (Partition, canonical as _canonical, coarser_or_equal, meet,
+                              variable_partition)
 from .._ir.records import GraphData, IrData, Op, TensorKind
 from ..engine.comm import members
 from ..errors import ReplicaDivergenceWarning
@@ -30,44 +32,6 @@ from . import replica_rules as rules
 
 __all__ = ["Divergence", "Report", "analyse", "find_divergences", "warn_divergences",
            "variable_partition"]
-
-Partition = Tuple[int, ...]
-
-
-def _canonical(keys: Sequence) -> Partition:
-    """The partition whose blocks are the replicas with equal keys (labels: first member)."""
-    first: Dict = {}
-    return tuple(first.setdefault(k, r) for r, k in enumerate(keys))
-
-
-def meet(a: Partition, b: Partition) -> Partition:
-    """Replicas are together when they are together in both."""
-    if a == b:
-        return a
-    return _canonical(list(zip(a, b)))
-
-
-def coarser_or_equal(value: Partition, required: Partition) -> bool:
-    """Whether `value` is the same wherever `required` demands it."""
-    seen: Dict[int, int] = {}
-    for v, q in zip(value, required):
-        if seen.setdefault(q, v) != v:
-            return False
-    return True
-
-
-def variable_partition(info, R: int) -> Optional[Partition]:
-    """The replicas that must hold the same value of a variable (its replica grouping's
-    groups), or None when the variable may differ between replicas by design (sharded, or
-    read back per replica)."""
-    extra = info.extra or {}
-    if extra.get("sharded") or extra.get("retrieval_mode") == "all_replicas":
-        return None
-    rg = extra.get("replica_grouping")
-    if rg is None:
-        return (0,) * R
-    return _canonical([rg.group_of(r) for r in range(R)])
-
 
 @dataclass(frozen=True)
 class Value:

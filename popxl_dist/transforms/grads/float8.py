@@ -7,6 +7,7 @@ from typing import List, Optional
 from ... import dtypes, ops
 from ...tensor import Tensor
 from ..grad_registry import grad_rule, no_grad
+from ._common import matmul_operand_grads
 
 __all__ = ["matmul_pow2scaled_grad", "decoded"]
 
@@ -38,8 +39,6 @@ def decoded(t: Tensor) -> Tensor:
 def matmul_pow2scaled_grad(g, dy: Tensor) -> Grads:
     """y = (a @ b) * 2^s: da = cast8((dy @ b^T) * 2^s), db = cast8((a^T @ dy) * 2^s), each
     computed in float32 from the decoded operands and cast to its operand's float8 format."""
-    from .matmul import matmul_operand_grads
-
     s = g.fwd_in(2)
     dy = ops.cast(dy, dtypes.float32)
     da, db = matmul_operand_grads(g, dy, lambda: decoded(g.fwd_in(0)),

@@ -11,7 +11,8 @@ import pytest
 import popxl
 import popxl.ops as ops
 from popxl.errors import ReplicaDivergenceError, ReplicaDivergenceWarning
-from popxl.transforms.replica_consistency import analyse, coarser_or_equal, meet
+from popxl._ir.partitions import coarser_or_equal, meet
+from popxl.transforms.replica_consistency import analyse
 
 C = ops.collectives
 
