@@ -12,7 +12,17 @@ __all__ = ["create_runtime", "Runtime"]
 
 def create_runtime(ir: IrData) -> Runtime:
     """The runtime of `POPXL_BACKEND` for this Ir, on the process-wide pool of that backend;
-    a popdist instance's own runtime for `Ir(replication="popdist")` with several instances."""
+    a popdist instance's own runtime for `Ir(replication="popdist")` with several instances.
+    With the profiler on (`POPXL_PROFILE`) it is wrapped in a `debug.profile.ProfiledRuntime`."""
+    runtime = _create_runtime(ir)
+    if ir.debug.profile_dir:
+        from ..debug.profile import ProfiledRuntime
+
+        return ProfiledRuntime(runtime, ir)
+    return runtime
+
+
+def _create_runtime(ir: IrData) -> Runtime:
     if ir.instance is not None:
         from .instances import InstanceRuntime
 
