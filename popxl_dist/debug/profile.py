@@ -29,7 +29,8 @@ from .._ir.records import IrData
 from ..engine.comm import group_of, members
 from .op_info import OpInfo, describe_ops
 
-__all__ = ["ProfiledRuntime", "JobProfile", "SessionProfile", "job_profile", "MAX_EVENTS",
+__all__ = ["ProfiledRuntime", "JobProfile", "SessionProfile", "job_profile", "current_job",
+           "MAX_EVENTS",
            "WAIT", "TRANSFER"]
 
 MAX_EVENTS = 2_000_000      # trace events kept; later runs still count in the table
@@ -254,6 +255,11 @@ def job_profile(out_dir: str) -> JobProfile:
         _JOB = JobProfile(out_dir)
         atexit.register(_JOB.finish)
     return _JOB
+
+
+def current_job() -> Optional[JobProfile]:
+    """The JobProfile collecting now (None before the first profiled Session)."""
+    return _JOB if _JOB is not None and _JOB.written is None else None
 
 
 def _inner(runtime):
