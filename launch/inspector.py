@@ -206,6 +206,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _write_views(irs: list, out: str, no_graphs: bool, code: Sequence[str]) -> None:
     from popxl.debug.graph_view import graph_file_name, write_graphs
 
+    for gid in code:
+        gid = "" if gid == "main" else gid
+        if not any(gid in ir.graphs for ir in irs):
+            names = sorted({g for ir in irs for g in ir.graphs if g})
+            raise SystemExit(f"popxl-inspect: --code {gid!r}: no such graph (graphs: main"
+                             f"{''.join(', ' + n for n in names)})")
     written: List[str] = []
     for k, ir in enumerate(irs):
         prefix = f"ir{k + 1}-" if len(irs) > 1 else ""
@@ -214,9 +220,6 @@ def _write_views(irs: list, out: str, no_graphs: bool, code: Sequence[str]) -> N
         for gid in code:
             gid = "" if gid == "main" else gid
             if gid not in ir.graphs:
-                if len(irs) == 1:
-                    raise SystemExit(f"popxl-inspect: --code {gid!r}: no such graph (graphs: "
-                                     f"main, {', '.join(g for g in ir.graphs if g)})")
                 continue
             from popxl.engine.compile import Program
 
