@@ -29,7 +29,8 @@ from .._ir.records import IrData
 from ..engine.comm import group_of, members
 from .op_info import OpInfo, describe_ops
 
-__all__ = ["ProfiledRuntime", "JobProfile", "SessionProfile", "job_profile", "current_job",
+__all__ = ["ProfiledRuntime", "JobProfile", "SessionProfile", "Totals", "job_profile",
+           "current_job",
            "MAX_EVENTS",
            "WAIT", "TRANSFER"]
 
@@ -54,6 +55,17 @@ class OpTotals:
         self.wait = 0.0
 
 
+class Totals:
+    """The table's sums over a set of runs."""
+
+    def __init__(self):
+        self.ops: Dict[Tuple[int, ...], OpTotals] = {}     # by op id (ids of a batched step)
+        # replica -> [collective steps, seconds in collectives, waiting, transferring]
+        self.collectives: Dict[int, List[float]] = {}
+        self.run_time: Dict[int, float] = {}     # replica -> seconds of its runs
+        self.runs = 0
+
+
 class SessionProfile:
     """What one Session's runs took: trace events (kept by the job) and totals for the table."""
 
@@ -65,11 +77,11 @@ class SessionProfile:
         self.ops: Dict[int, OpInfo] = describe_ops(ir)
         self.blocks = list(blocks)
         self.replication_factor = ir.replication_factor
-        self.totals: Dict[Tuple[int, ...], OpTotals] = {}
-        # replica -> [collective steps, seconds in collectives, waiting, transferring]
-        self.collectives: Dict[int, List[float]] = {}
-        self.run_time: Dict[int, float] = {}     # replica -> seconds of its runs
-        self.runs = 0
+        # The table sums the runs after the first (compilation of numba loops, first
+        # allocations and first-touch page faults happen in the first) and the first apart;
+        # weight fragments are in the trace only.
+        self.first = Totals()
+        self.steady = Totals()
         self._owner = [w for w, (a, b) in enumerate(self.blocks) for _ in range(a, b)]
         self._group_workers: Dict[Tuple[int, Tuple[int, int]], Tuple[int, ...]] = {}
 
@@ -96,25 +108,27 @@ class SessionProfile:
                 n = seen[key] = seen.get(key, -1) + 1
                 executions.setdefault(key + (n,), {})[part["worker"]] = (rec, part["offset"])
         for (kind, run, _), by_worker in executions.items():
-            if kind == "run":
-                self.runs += 1
-            self._add_execution(kind, run, by_worker)
+            totals = None if kind != "run" else self.first if run == 1 else self.steady
+            if totals is not None:
+                totals.runs += 1
+            self._add_execution(kind, run, by_worker, totals)
 
-    def _add_execution(self, kind: str, run: int, by_worker: Dict[int, Tuple[dict, float]]
-                       ) -> None:
+    def _add_execution(self, kind: str, run: int, by_worker: Dict[int, Tuple[dict, float]],
+                       totals: Optional[Totals]) -> None:
         starts = {w: [s + off for _, s, _ in rec["steps"]] for w, (rec, off) in by_worker.items()}
         for w, (rec, off) in by_worker.items():
             name = f"run {run}" if kind == "run" else kind
             self.job.add(w + 1, 0, name, "run", rec["start"] + off, rec["end"] + off,
                          {"session": self.tag, "run": run})
             for replica, evs in rec["ops"].items():
-                if kind == "run":
-                    self.run_time[replica] = (self.run_time.get(replica, 0.0)
-                                              + rec["end"] - rec["start"])
-                self._add_replica(w, replica, evs, rec["steps"], off, starts)
+                if totals is not None:
+                    totals.run_time[replica] = (totals.run_time.get(replica, 0.0)
+                                                + rec["end"] - rec["start"])
+                self._add_replica(w, replica, evs, rec["steps"], off, starts,
+                                  totals if totals is not None else Totals())
 
     def _add_replica(self, w: int, replica: int, evs: List[tuple], steps: List[tuple],
-                     off: float, starts: Dict[int, List[float]]) -> None:
+                     off: float, starts: Dict[int, List[float]], sums: Totals) -> None:
         pid, tid = w + 1, replica + 1
         slices: List[Tuple[float, float, Tuple[int, ...], Optional[Tuple[float, float]]]] = []
         k = 0
@@ -133,9 +147,9 @@ class SessionProfile:
         for start, end, ids, split in slices:
             while stack and stack[-1][0] <= start:
                 stack.pop()
-            totals = self.totals.get(ids)
+            totals = sums.ops.get(ids)
             if totals is None:
-                totals = self.totals[ids] = OpTotals()
+                totals = sums.ops[ids] = OpTotals()
             dur = end - start
             totals.calls += 1
             totals.total += dur
@@ -152,7 +166,7 @@ class SessionProfile:
             ready, e = split
             wait = ready - start
             totals.wait += wait
-            c = self.collectives.setdefault(replica, [0, 0.0, 0.0, 0.0])
+            c = sums.collectives.setdefault(replica, [0, 0.0, 0.0, 0.0])
             c[0] += 1
             c[1] += dur
             c[2] += wait

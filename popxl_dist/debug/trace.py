@@ -33,10 +33,10 @@ def trace_events(job: "JobProfile") -> Iterator[Dict]:
     yield from _metadata(job)
     origin = job.origin
     for pid, tid, name, cat, start, end, args in job.events:
-        ts = (start - origin) * 1e6
-        yield {"name": name, "cat": cat, "ph": "X", "ts": round(ts, 3),
-               "dur": round(max(end - start, 0.0) * 1e6, 3), "pid": pid, "tid": tid,
-               "args": args}
+        ts = round((start - origin) * 1e6, 3)        # (rounded ends: slices that meet, meet)
+        dur = round(max(round((end - origin) * 1e6, 3) - ts, 0.0), 3)
+        yield {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": pid,
+               "tid": tid, "args": args}
 
 
 def write_trace(job: "JobProfile", path: str) -> None:
