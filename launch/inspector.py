@@ -103,8 +103,9 @@ def _run_target(target: str, args: Sequence[str], backend: str, workers: int
 
 
 def report(irs: list, backend: str, workers: int, host_base: int,
-           worker_base: Optional[dict]) -> Tuple[List[str], int]:
-    """The memory report's lines and the bytes this machine needs for the launch."""
+           worker_base: Optional[dict], instances: Optional[int] = None) -> Tuple[List[str], int]:
+    """The memory report's lines and the bytes this machine needs for the launch (popdist
+    instances: every instance is a process like this one, all on this machine)."""
     from popxl.debug.memory import available_memory, estimate, fmt_bytes, launch_shape
 
     lines: List[str] = []
@@ -144,17 +145,21 @@ def report(irs: list, backend: str, workers: int, host_base: int,
             key = 0 if wi == 0 or not separate else wi
             worker_arrays[key] = worker_arrays.get(key, 0) + mem.worker_bytes(wi)
     lines.append("")
-    lines.append(f"Per process, for this launch ({backend}, {workers} worker(s)):")
+    launch = (f"{instances} popdist instance(s) on {backend}" if instances else
+              f"{backend}, {workers} worker(s)")
+    lines.append(f"Per process, for this launch ({launch}):")
     engine_extra = 0
     if worker_base is not None:
         engine_extra = max(worker_base["ran"] - worker_base["imported"], 0)
     host_total = host_base + engine_extra + host_arrays + worker_arrays.get(0, 0)
-    lines.append(f"  host (the script{', worker 0' if worker_arrays else ''}): "
+    who = "each instance (the script and its replicas)" if instances else \
+        f"host (the script{', worker 0' if worker_arrays else ''})"
+    lines.append(f"  {who}: "
                  f"{fmt_bytes(host_total)} = base {fmt_bytes(host_base)} (this process when "
                  f"the script stopped: Python, libraries, the script's data, its Irs) + engine "
                  f"after a first run {fmt_bytes(engine_extra)} + arrays "
                  f"{fmt_bytes(host_arrays + worker_arrays.get(0, 0))}")
-    total = host_total
+    total = host_total * (instances or 1)
     for wi in sorted(k for k in worker_arrays if k):
         base = worker_base["ran"] if worker_base is not None else 0
         t = base + worker_arrays[wi]
@@ -195,7 +200,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from popxl.debug.memory import measure_base
 
         worker_base = measure_base(ns.backend)
-    lines, _ = report(irs, ns.backend, workers, host_base, worker_base)
+    lines, _ = report(irs, ns.backend, workers, host_base, worker_base, ns.instances)
     print("\n".join(lines))
     out = ns.out or f"popxl-inspect-{stem}"
     if not ns.no_graphs or ns.code:
