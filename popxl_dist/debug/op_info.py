@@ -97,7 +97,10 @@ class OpInfo:
         return f"{self.type}.{self.id} '{self.name}'"
 
     def args(self) -> Dict:
-        """The trace's `args` of this op's slices."""
+        """The trace's `args` of this op's slices (one dict, shared by all of them)."""
+        cached = self.__dict__.get("_args")
+        if cached is not None:
+            return cached
         a = {"op": self.label, "graph": self.graph or "main", "inputs": self.inputs,
              "outputs": self.outputs, "bytes": self.bytes_in + self.bytes_out}
         if self.source:
@@ -108,6 +111,7 @@ class OpInfo:
             a["flops"] = self.flops
         if self.called:
             a["calls"] = list(self.called)
+        self.__dict__["_args"] = a
         return a
 
 

@@ -84,6 +84,7 @@ class SessionProfile:
         self.steady = Totals()
         self._owner = [w for w, (a, b) in enumerate(self.blocks) for _ in range(a, b)]
         self._group_workers: Dict[Tuple[int, Tuple[int, int]], Tuple[int, ...]] = {}
+        self._pending: List[Sequence[dict]] = []
 
     # --- host side ---------------------------------------------------------------------
     @contextmanager
@@ -97,8 +98,18 @@ class SessionProfile:
 
     # --- worker records ----------------------------------------------------------------
     def add(self, parts: Sequence[dict]) -> None:
-        """Take the records of every worker (`WorkerProfiler.take()` of each) of the requests
-        since the last call."""
+        """Keep the records of every worker (`WorkerProfiler.take()` of each) of the requests
+        since the last call; they become trace events and totals in `flush` (when the trace
+        is written), so that the host's work between runs stays small."""
+        self._pending.append(parts)
+
+    def flush(self) -> None:
+        """Turn the records kept so far into trace events and totals."""
+        pending, self._pending = self._pending, []
+        for parts in pending:
+            self._add_parts(parts)
+
+    def _add_parts(self, parts: Sequence[dict]) -> None:
         executions: Dict[Tuple, Dict[int, Tuple[dict, float]]] = {}
         for part in parts:
             self.job.name_worker(part, self.backend)
@@ -247,6 +258,8 @@ class JobProfile:
 
         if self.written is not None or not self.sessions:
             return self.written
+        for sp in self.sessions:
+            sp.flush()
         os.makedirs(self.out_dir, exist_ok=True)
         write_trace(self, self.trace_path)
         text = profile_table(self)

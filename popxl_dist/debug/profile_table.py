@@ -3,6 +3,7 @@ replicas' run time, calls, average, GFLOP/s of matmuls and convolutions) and, pe
 time in collectives split into waiting for peers and moving data."""
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, List
 
 if TYPE_CHECKING:
@@ -11,6 +12,15 @@ if TYPE_CHECKING:
 __all__ = ["profile_table", "session_table", "TOP_OPS"]
 
 TOP_OPS = 25
+
+
+def short_source(source: str) -> str:
+    """`file:line` relative to the working directory when the file is under it."""
+    path, sep, line = source.rpartition(":")
+    if not sep or not os.path.isabs(path):
+        return source
+    rel = os.path.relpath(path)
+    return f"{rel}:{line}" if not rel.startswith("..") else source
 
 
 def _ms(seconds: float) -> str:
@@ -50,7 +60,7 @@ def session_table(sp: "SessionProfile", top: int = TOP_OPS) -> List[str]:
         if len(ids) > 1:
             label += f" +{len(ids) - 1} batched"
         if info is not None and info.source:
-            label += f" ({info.source})"
+            label += f" ({short_source(info.source)})"
         flops = info.flops if info is not None else 0
         gflops = (f"{flops * o.calls / o.self_time / 1e9:.2f}"
                   if flops and o.self_time > 0 else "")
