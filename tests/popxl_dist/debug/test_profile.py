@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import popxl
+import popxl.ops as ops
 from popxl.engine.executor import Worker
 
 BIN = os.path.dirname(sys.executable)
@@ -29,6 +30,7 @@ M, K, N = 4, 8, 8
 PROGRAM = f'''
 import numpy as np
 import popxl
+import popxl.ops as ops
 import popxl.ops as ops
 
 R, RUNS = {R}, {RUNS}
@@ -263,3 +265,25 @@ def test_popxl_run_profile_on_processes(backend, tmp_path):
             if e["name"] == "process_name" and e["pid"] > 0}
     assert len(pids) == 2                      # two processes
     assert "collectives per replica" in out.stderr
+
+
+def test_flops_of_a_convolution_and_its_gradients():
+    """Conv, ConvDataGrad and ConvWeightsGrad each do the forward's multiply-adds:
+    2 * N * M * Ho * Wo * (C / groups) * kh * kw."""
+    from popxl.debug.op_info import describe_ops
+
+    n, c, h, w, m, k, groups = 2, 4, 9, 8, 6, 3, 2
+    ir = popxl.Ir()
+    with ir.main_graph:
+        def f(x, wt):
+            return ops.conv(x, wt, groups=groups)
+
+        x = popxl.variable(np.ones((n, c, h, w), np.float32))
+        wt = popxl.variable(np.ones((m, c // groups, k, k), np.float32))
+        g = ir.create_graph(f, x, wt)
+        ops.call(g, x, wt)
+        dg = popxl.transforms.autodiff(g)
+    want = 2 * n * m * (h - k + 1) * (w - k + 1) * (c // groups) * k * k
+    infos = describe_ops(ir._data).values()
+    got = {i.type: i.flops for i in infos if i.type.startswith("Conv")}
+    assert got == {"Conv": want, "ConvDataGrad": want, "ConvWeightsGrad": want}, (got, dg)
