@@ -52,15 +52,23 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def available_memory() -> Optional[int]:
-    """Bytes this machine can still give (`MemAvailable` of /proc/meminfo), or None."""
+def _proc_kib(path: str, key: str) -> Optional[int]:
+    """Bytes of a `key: N kB` line of a /proc file, or None (no /proc: not Linux)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return None
+
+
+def available_memory() -> Optional[int]:
+    """Bytes this machine can still give (`MemAvailable` of /proc/meminfo), or None."""
+    got = _proc_kib("/proc/meminfo", "MemAvailable")
+    if got is not None:
+        return got
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -68,14 +76,10 @@ def available_memory() -> Optional[int]:
 
 
 def current_rss() -> int:
-    """This process's resident set now, in bytes."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    """This process's resident set now, in bytes (its peak where there is no /proc)."""
+    got = _proc_kib("/proc/self/status", "VmRSS")
+    if got is not None:
+        return got
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -230,14 +230,14 @@ class JobProfile:
                 ) -> SessionProfile:
         sp = SessionProfile(self, ir, backend, blocks)
         self.sessions.append(sp)
-        for w, (lo, hi) in enumerate(sp.blocks):
-            self.thread_names.setdefault((w + 1, 0), "runs")
-            for r in range(lo, hi):
-                self.thread_names.setdefault((w + 1, r + 1), f"replica {r}")
         return sp
 
     def name_worker(self, part: dict, backend: str) -> None:
+        """Name the tracks of the worker whose records `part` holds."""
         pid = part["worker"] + 1
+        self.thread_names.setdefault((pid, 0), "runs")
+        for r in part["replicas"]:
+            self.thread_names.setdefault((pid, r + 1), f"replica {r}")
         if pid not in self.process_names:
             where = part.get("where", {})
             self.process_names[pid] = (f"worker {part['worker']} ({backend}, pid "
