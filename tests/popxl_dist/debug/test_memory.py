@@ -30,6 +30,9 @@ def _program(R: int = 2, big=(64, 32)):
         w = popxl.variable(np.ones(big, np.float32), name="w")
         m = popxl.variable(np.zeros(big, np.float16), name="m")
         buf = popxl.remote_buffer((5, 7), popxl.float32, 6)
+        if R > 1:
+            _, shard = popxl.replica_sharded_variable(np.ones(11, np.float32), popxl.float32,
+                                                      "rts")
         x = ops.host_load(xs, "x")
         y = ops.gelu(x @ w)
         ops.remote_store(buf, 0, ops.sum(y) * popxl.constant(np.ones((5, 7), np.float32)))
@@ -37,6 +40,9 @@ def _program(R: int = 2, big=(64, 32)):
         ops.var_updates.accumulate_(m, ops.cast(g, popxl.float16))
         ys = popxl.d2h_stream(y.shape, y.dtype, "y")
         ops.host_store(ys, y)
+        if R > 1:
+            ops.host_store(popxl.d2h_stream((11,), popxl.float32, "full"),
+                           ops.collectives.replicated_all_gather(shard))
     return ir
 
 
@@ -62,13 +68,15 @@ def test_arrays_per_replica_against_numpy():
     assert mem.replicas == 2 and mem.blocks == [(0, 1), (1, 2)]
     w, m = np.ones((64, 32), np.float32), np.zeros((64, 32), np.float16)
     assert mem.variables == w.nbytes + m.nbytes
-    assert mem.remote_buffers == np.zeros((6, 5, 7), np.float32).nbytes
+    shards = 4 * 6            # 11 values padded to 12, one half per replica: an RTS buffer
+    assert mem.rts_shards == shards
+    assert mem.remote_buffers == np.zeros((6, 5, 7), np.float32).nbytes + shards
     assert mem.stream_in == T * np.zeros((4, 64), np.float32).nbytes
-    assert mem.stream_out == T * np.zeros((4, 32), np.float32).nbytes
+    assert mem.stream_out == T * (np.zeros((4, 32), np.float32).nbytes + 11 * 4)
     held = {id(i.data): i.data.nbytes for gd in data.graphs.values() for i in gd.tensors.values()
             if isinstance(i.data, np.ndarray)}
-    assert mem.ir_arrays == sum(held.values()) >= w.nbytes + m.nbytes + 5 * 7 * 4
-    assert mem.host_weights == w.nbytes + m.nbytes
+    assert mem.ir_arrays == sum(held.values()) >= w.nbytes + m.nbytes + 5 * 7 * 4 + 11 * 4
+    assert mem.host_weights == w.nbytes + m.nbytes + 11 * 4
     program = Program(data)
     plans = [program.main, program.weights_from_host, program.weights_to_host]
     plans += [program.graph(g) for g in data.graphs if g]
@@ -144,3 +152,17 @@ def test_session_warns_before_allocating(monkeypatch):
         warnings.simplefilter("error", memory.MemoryWarning)
         popxl.Session(_program(), "ipu_hw")             # fits: no warning
     assert len(made) == 1
+
+
+def test_estimate_agrees_with_the_device_memory_report(monkeypatch):
+    """What the estimate says per replica before the run is what `device_memory_report` finds
+    on the device after attaching."""
+    monkeypatch.setenv("POPXL_WORKERS", "2")
+    ir = _program()
+    mem = memory.estimate(ir._data, workers=2, separate_workers=False)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        reports = sess.device_memory_report()
+    assert [r["replica"] for r in reports] == [0, 1]
+    for r in reports:
+        assert (r["variables"], r["rts_shards"], r["remote_buffers"]) == \
+            (mem.variables, mem.rts_shards, mem.remote_buffers)
