@@ -81,7 +81,7 @@ def test_report_graphs_and_code(script, tmp_path, capsys):
         assert label in main, label
     assert 'subgraph "cluster_build.layer_subgraph_0_"' in main and "lhead=" in main
     code = (out / "ir1-main.py").read_text()
-    assert code.startswith("def run(ctx") and f"# generated code of graph main" in text
+    assert code.startswith("def run(ctx") and "# generated code of graph main" in text
     assert (out / "ir1-build.layer_subgraph_0_.py").read_text() in text
     if shutil.which("dot"):
         assert (out / "ir1-main.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
