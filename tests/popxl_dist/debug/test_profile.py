@@ -31,7 +31,6 @@ PROGRAM = f'''
 import numpy as np
 import popxl
 import popxl.ops as ops
-import popxl.ops as ops
 
 R, RUNS = {R}, {RUNS}
 
