@@ -29,6 +29,10 @@ def _short_source(source: str) -> str:
     return os.path.basename(source) if source else ""
 
 
+def _tensor_label(tid: str, info) -> str:
+    return f"{tid}\n{info.shape} {info.dtype.name}"
+
+
 def graph_file_name(gid: str) -> str:
     """A file name (without extension) for graph `gid` ('main' for the main graph)."""
     name = gid or "main"
@@ -50,7 +54,7 @@ class _Writer:
             info = gd.tensors[t]
             produced[t] = f"{prefix}in_{t}"
             self.lines.append(f"{ind}{_q(produced[t])} [shape=ellipse, style=filled, "
-                              f"fillcolor=\"#d8ecff\", label={_q(f'{t}{chr(10)}{info.shape} {info.dtype.name}')}];")
+                              f"fillcolor=\"#d8ecff\", label={_q(_tensor_label(t, info))}];")
         calls = []
         for op in gd.ops:
             name = f"{prefix}op{op.id}"
@@ -65,8 +69,9 @@ class _Writer:
                 if src_node is None and info is not None:
                     src_node = f"{prefix}t_{t}"
                     shape, color = _KIND_STYLE.get(info.kind, ("ellipse", "#ffffff"))
+                    label = _q(_tensor_label(t, info))
                     self.lines.append(f"{ind}{_q(src_node)} [shape={shape}, style=filled, "
-                                      f"fillcolor=\"{color}\", label={_q(f'{t}{chr(10)}{info.shape} {info.dtype.name}')}];")
+                                      f"fillcolor=\"{color}\", label={label}];")
                     produced[t] = src_node
                 if src_node is not None and info is not None:
                     self.lines.append(f"{ind}{_q(src_node)} -> {_q(name)} "
