@@ -126,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
     debug.add_argument("--flight-recorder", metavar="DIR",
                        help="write every worker's last collectives to DIR when a run fails "
                             "(POPXL_FLIGHT_RECORDER=DIR)")
+    debug.add_argument("--profile", metavar="DIR",
+                       help="time every op on every replica; write a Chrome trace (Perfetto, "
+                            "chrome://tracing) and a table to DIR at the end "
+                            "(POPXL_PROFILE=DIR; see docs/profiling.md)")
     p.add_argument("target", nargs="?",
                    help="the Python script to run unchanged, or a YAML config of the built-in "
                         "job (e.g. configs/mnist.yaml; `popxl-run CONFIG.yaml --help` lists "
@@ -253,6 +257,8 @@ def _debug_env(ns: argparse.Namespace) -> None:
         os.environ["POPXL_RECORD"] = os.path.abspath(ns.record)
     if ns.flight_recorder:
         os.environ["POPXL_FLIGHT_RECORDER"] = os.path.abspath(ns.flight_recorder)
+    if ns.profile:
+        os.environ["POPXL_PROFILE"] = os.path.abspath(ns.profile)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -60,6 +60,8 @@ class DebugOptions:
         flight_dir: write every worker's flight recorder (its last collectives) here when a
             run fails (`POPXL_FLIGHT_RECORDER=DIR`).
         flight_size: collectives kept per replica (`POPXL_FLIGHT_RECORDER_SIZE`, default 64).
+        profile_dir: time every op on every replica and write the job's trace and table
+            here (`POPXL_PROFILE=DIR`, see docs/profiling.md).
         session_tag: names this Session's bundles and dumps (`session<k>`), the same in every
             popdist instance of a job (instances create their Sessions in the same order).
         scratch_variables: variables whose replicas may differ (written only by stores of
@@ -74,6 +76,7 @@ class DebugOptions:
     flight_dir: Optional[str] = None
     flight_size: int = FLIGHT_RECORDER_DEFAULT_SIZE
     session_tag: str = "session0"
+    profile_dir: Optional[str] = None
     scratch_variables: Tuple[str, ...] = ()
 
     @classmethod
@@ -84,7 +87,7 @@ class DebugOptions:
                    flight_dir=_directory("POPXL_FLIGHT_RECORDER"),
                    flight_size=_size("POPXL_FLIGHT_RECORDER_SIZE",
                                      FLIGHT_RECORDER_DEFAULT_SIZE),
-                   session_tag=session_tag)
+                   session_tag=session_tag, profile_dir=_directory("POPXL_PROFILE"))
 
     @property
     def checks_values(self) -> bool:

@@ -65,12 +65,13 @@ class CollectiveStep:
     generators that `yield (step, inputs)`; the executor gathers every local replica's inputs and
     calls `step.fn(comm, per_replica_inputs) -> per_replica_outputs`."""
 
-    __slots__ = ("fn", "op", "tag")
+    __slots__ = ("fn", "op", "tag", "ops")
 
-    def __init__(self, fn: Callable, op: Op):
+    def __init__(self, fn: Callable, op: Op, ops: Optional[List[Op]] = None):
         self.fn = fn
         self.op = op
         self.tag = int(op.id) % 32768
+        self.ops = tuple(ops) if ops else (op,)     # a batched step runs several collectives
 
 
 def _reshape_sync_lines(plan: "_AliasPlan", pos: int, name_of: Callable[[str], str]
@@ -241,7 +242,8 @@ class Program:
                  output_ids: List[str], is_main: bool, tag: str = "") -> CompiledGraph:
         instr = self.instrument
         plain = instr is None
-        if plain:
+        batching = plain or instr.batches_collectives
+        if batching:
             ops = batch_collectives.hoist(self, gd, ops)
         plan = _AliasPlan(self, gd, ops, input_ids, output_ids, is_main)
         names: Dict[str, str] = {}
@@ -307,7 +309,7 @@ class Program:
             lines[0] = lines[0][:-2] + ", out=None):"
             glob["_NO_OUT"] = (None,) * len(output_ids)
             lines.append("    O = _NO_OUT if out is None else out")
-        batches = batch_collectives.runs(gd, ops) if plain else {}
+        batches = batch_collectives.runs(gd, ops) if batching else {}
         batched = {id(m) for run in batches.values() for m in run[1:]}
         for pos, op in enumerate(ops):
             spec = self._spec(op)
@@ -320,7 +322,7 @@ class Program:
             elif pos in batches:
                 run = batches[pos]
                 glob[kname] = CollectiveStep(
-                    batch_collectives.batched_step(gd, run, fns[pos:pos + len(run)]), op)
+                    batch_collectives.batched_step(gd, run, fns[pos:pos + len(run)]), op, run)
                 ins = [name_of(m.inputs[0]) for m in run]
                 outs = [name_of(m.outputs[0]) for m in run]
                 call = f"(yield ({kname}, ({''.join(a + ', ' for a in ins)})))"

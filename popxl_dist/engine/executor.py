@@ -24,6 +24,7 @@ from .flight import (FlightRecorder, attach as attach_flight, dump as flight_dum
 from .instrument import Instrument
 from .kernels._util import fp_events
 from .nonfinite import call_chain, floating_point_error
+from .profiler import RUN, WorkerProfiler, clock
 from .recorder import Recorder
 from .replica_check import ReplicaCheck
 
@@ -34,7 +35,7 @@ class ReplicaContext:
     """One replica's device memory and its host-stream cursors for the current run."""
 
     __slots__ = ("replica", "state", "in_chunks", "in_count", "out_chunks", "out_count",
-                 "remote", "prints", "buffers", "run", "taps", "sites")
+                 "remote", "prints", "buffers", "run", "taps", "sites", "prof")
 
     def __init__(self, replica: int, n_state: int, n_in: int, n_out: int):
         self.replica = replica
@@ -49,6 +50,7 @@ class ReplicaContext:
         self.run = 0                      # the Session's run number (1 for the first run)
         self.taps: List[tuple] = []       # tensors kept this run (see engine/instrument.py)
         self.sites: List[int] = []        # the control-flow ops being run (taps' call sites)
+        self.prof: List[tuple] = []       # the profiler's op records of the current run
 
     def next_input(self, slot: int) -> np.ndarray:
         k = self.in_count[slot]
@@ -136,6 +138,8 @@ class Worker:
         self.comm = comm or Communicator(Layout(ir.replication_factor, 1), 0)
         self.replicas = list(self.comm.replicas)
         self.flight = FlightRecorder(self.comm.worker, self.replicas, self.debug.flight_size)
+        self.profiler = (WorkerProfiler(self.comm.worker, self.replicas)
+                         if self.debug.profile_dir else None)
         self.recorder = (Recorder(self.debug.record_dir, self.debug.session_tag)
                          if self.debug.record_dir else None)
         p = self.program
@@ -163,7 +167,8 @@ class Worker:
     def _instrument(self, taps: Optional[Dict[str, Sequence[str]]] = None
                     ) -> Optional[Instrument]:
         d = self.debug
-        instr = Instrument(checks=d.checks_values, fp_checks=d.fp_checks, taps=taps)
+        instr = Instrument(checks=d.checks_values, fp_checks=d.fp_checks, taps=taps,
+                           profile=bool(d.profile_dir))
         return instr if instr.active else None
 
     # --- taps ----------------------------------------------------------------------------
@@ -175,6 +180,10 @@ class Worker:
         for ctx in self.ctxs:
             ctx.buffers.clear()          # the other program's buffers: allocated again on use
             ctx.taps = []
+
+    def take_profile(self) -> Optional[dict]:
+        """The profiler's records since the last call (None when not profiling)."""
+        return self.profiler.take() if self.profiler is not None else None
 
     def take_taps(self) -> Dict[int, List[tuple]]:
         """`{replica: [(graph id, tensor id, call sites, value), ...]}` kept by the last run."""
@@ -279,7 +288,7 @@ class Worker:
     def run_fragment(self, which: str) -> None:
         cg = getattr(self.program, which)
         if cg.ops:
-            self._execute(cg)
+            self._execute(cg, which)
 
     # --- run ---------------------------------------------------------------------------
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
@@ -350,7 +359,14 @@ class Worker:
                 for chunk in chunks[k:]:
                     chunk[...] = 0
 
-    def _execute(self, cg) -> None:
+    def _execute(self, cg, kind: str = RUN) -> None:
+        if self.profiler is not None:
+            with self.profiler.running(kind, self.runs, self.ctxs):
+                self._run_graph(cg)
+        else:
+            self._run_graph(cg)
+
+    def _run_graph(self, cg) -> None:
         with fp_events(self._fp_events):
             if cg.has_collectives:
                 self._lockstep(cg)
@@ -477,6 +493,7 @@ class Worker:
             comm.tag = step.tag
             records = [flight.start(ctx.replica, step.op, s[1])
                        for ctx, s in zip(self.ctxs, steps)]
+            began = clock()
             try:
                 sends = step.fn(comm, [s[1] for s in steps])
             except CollectiveTimeout as e:
@@ -497,6 +514,8 @@ class Worker:
                 err.op = step.op
                 raise self._flight_report(err) from e
             flight.end(records)
+            if self.profiler is not None:
+                self.profiler.step(step.ops, began)
 
     def _flight_report(self, err: BaseException) -> BaseException:
         """`err` with this worker's flight records (and them written to

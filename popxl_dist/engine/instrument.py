@@ -1,10 +1,12 @@
 """The extra lines a compiled graph runs when a Session debugs: NaN / infinity checks after every
-op, taps that keep intermediate tensors, and the call sites of called graphs.
+op, taps that keep intermediate tensors, the call sites of called graphs, and the profiler's
+clock reads around every op (`engine/profiler.py`).
 
 `Program(ir, instrument)` asks `Instrument` for the lines to put around each op; without an
 Instrument (the default) the generated code is exactly the plain program's. The checks need
 every op's inputs intact after it ran, so a checking program neither plans its memory (no
-output written over an input) nor batches collectives; neither changes the bits.
+output written over an input) nor batches collectives; neither changes the bits. Profiling alone changes neither: it times the
+program that runs without it.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence,
 
 from .._ir.records import GraphData, Op
 from .nonfinite import CollectiveCheck, OpCheck
+from .profiler import clock
 
 __all__ = ["Instrument", "record_tap"]
 
@@ -29,18 +32,20 @@ class Instrument:
         checks: check every op's outputs for a new NaN / infinity (`nonfinite.OpCheck`).
         fp_checks: word the checks' errors as upstream's floating-point checks.
         taps: `{graph id: tensor ids}` to keep (see `popxl.debug.capture`).
+        profile: time every op into its replica's `ctx.prof` (see `engine/profiler.py`).
     """
 
     def __init__(self, checks: bool = False, fp_checks: bool = False,
-                 taps: Optional[Mapping[str, Sequence[str]]] = None):
+                 taps: Optional[Mapping[str, Sequence[str]]] = None, profile: bool = False):
         self.checks = checks
         self.fp_checks = fp_checks
         self.taps: Dict[str, FrozenSet[str]] = {g: frozenset(ts) for g, ts in (taps or {}).items()
                                                 if ts}
+        self.profile = profile
 
     @property
     def active(self) -> bool:
-        return self.checks or bool(self.taps)
+        return self.checks or bool(self.taps) or self.profile
 
     @property
     def plans_memory(self) -> bool:
@@ -48,7 +53,9 @@ class Instrument:
 
     @property
     def batches_collectives(self) -> bool:
-        return not self.checks
+        """Whether neighbouring collectives still run as one exchange: only when nothing needs
+        their outputs one by one (checks, taps)."""
+        return not self.checks and not self.taps
 
     def _tapped(self, gd: GraphData) -> FrozenSet[str]:
         return self.taps.get(gd.id, frozenset())
@@ -87,6 +94,13 @@ class Instrument:
                 if t in tapped:
                     glob["_TAP"] = record_tap
                     post.append(f"    _TAP(ctx, {gd.id!r}, {t!r}, {n})")
+        if self.profile:        # innermost: the clock reads bracket the op's statement only
+            glob["_clk"] = clock
+            if collective:      # the executor times the step; this is the replica's arrival
+                pre.append(f"    ctx.prof.append(({op.id}, _clk(), None))")
+            else:
+                pre.append("    _t = _clk()")
+                post.insert(0, f"    ctx.prof.append(({op.id}, _t, _clk()))")
         return pre, post
 
     def collective_fn(self, fn: Callable, op: Op, gid: str, modified: Sequence[int]) -> Callable:

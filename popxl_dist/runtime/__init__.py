@@ -10,9 +10,30 @@ from .env import backend_name, worker_count
 __all__ = ["create_runtime", "Runtime"]
 
 
+# Set by `popxl.debug.inspection.inspecting`: makes the runtime of a Session that only records
+# its Ir (`popxl-inspect`).
+_INSPECTING = None
+
+
 def create_runtime(ir: IrData) -> Runtime:
     """The runtime of `POPXL_BACKEND` for this Ir, on the process-wide pool of that backend;
-    a popdist instance's own runtime for `Ir(replication="popdist")` with several instances."""
+    a popdist instance's own runtime for `Ir(replication="popdist")` with several instances.
+    With the profiler on (`POPXL_PROFILE`) it is wrapped in a `debug.profile.ProfiledRuntime`.
+    A program whose arrays cannot fit this machine gets a MemoryWarning first."""
+    if _INSPECTING is not None:             # popxl-inspect: record the Ir, run nothing
+        return _INSPECTING(ir)
+    from ..debug.memory import check_session_fits
+
+    check_session_fits(ir)                  # warns before anything is allocated
+    runtime = _create_runtime(ir)
+    if ir.debug.profile_dir:
+        from ..debug.profile import ProfiledRuntime
+
+        return ProfiledRuntime(runtime, ir)
+    return runtime
+
+
+def _create_runtime(ir: IrData) -> Runtime:
     if ir.instance is not None:
         from .instances import InstanceRuntime
 

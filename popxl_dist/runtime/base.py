@@ -159,6 +159,11 @@ class Runtime:
         the bundles' directories."""
         raise NotImplementedError(f"the {self.name} runtime cannot record runs")
 
+    def take_profile(self) -> List[dict]:
+        """Every worker's profiler records since the last call (POPXL_PROFILE), in worker
+        order (see `engine/profiler.py`)."""
+        raise NotImplementedError(f"the {self.name} runtime cannot profile")
+
 
 class InProcessDebugging:
     """The debugging requests of a runtime whose replicas all live in `self.worker` (an
@@ -175,3 +180,7 @@ class InProcessDebugging:
     def save_recording(self) -> List[str]:
         path = self.worker.save_recording()
         return [path] if path else []
+
+    def take_profile(self) -> List[dict]:
+        part = self.worker.take_profile()
+        return [part] if part else []

@@ -156,6 +156,9 @@ class PoolRuntime(Runtime):
     def save_recording(self) -> List[str]:
         return sorted({p for p in self._call("save_recording", [None] * self.num_workers) if p})
 
+    def take_profile(self) -> List[dict]:
+        return [p for p in self._call("take_profile", [None] * self.num_workers) if p]
+
     def blocks(self) -> List[Tuple[int, int]]:
         return list(self.layout.blocks)
 

@@ -64,6 +64,8 @@ class WorkerService:
             return worker.take_taps()
         if cmd == "save_recording":
             return worker.save_recording()
+        if cmd == "take_profile":
+            return worker.take_profile()
         if cmd == "flight":
             return worker.flight.snapshot()
         if cmd == "copy_to":
