@@ -20,14 +20,16 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 import numpy as np
 
 from ..engine.comm import Transport
-from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
+from ..errors import CollectiveTimeout, HostUnreachable, RunAborted, WorkerDied, WorkerError
+from .env import peer_timeout
 from .links import ABORT, BYE, CMD, DATA, FAILED, FIN, OUTPUT, REPLY, Link, Message
 from .polling import Backoff, process_alive
+from .reachability import host_unreachable, hosts_of
 
 __all__ = ["Endpoint", "EndpointTransport", "serve", "encode", "decode", "describe",
-           "OK", "ERROR", "ABORTED", "LIVENESS_PERIOD", "DIVERGE_GRACE"]
+           "OK", "ERROR", "ABORTED", "DIED", "LIVENESS_PERIOD", "DIVERGE_GRACE", "lost_error"]
 
-OK, ERROR, ABORTED = 0, 1, 2                 # reply status (the reply message's `a`)
+OK, ERROR, ABORTED, DIED = 0, 1, 2, 3         # reply status (the reply message's `a`)
 LIVENESS_PERIOD = 0.5                        # seconds between checks that peers still live
 DIVERGE_GRACE = 1.0                          # a finished peer's last data may still be in flight
 
@@ -83,6 +85,8 @@ class Endpoint:
         self.links: Dict[int, Link] = {}
         self._link_list: List[Link] = []
         self.procs: Dict[int, Tuple[str, int]] = {}     # worker -> (host name, pid)
+        self.addresses: Dict[int, str] = {}             # worker -> its node's address
+        self.what = ""                                  # what the members are ("Ray actor")
         self.host = socket.gethostname()
         self.buffers = _BufferPool()
         self._dtypes: Dict[bytes, np.dtype] = {}
@@ -175,23 +179,45 @@ class Endpoint:
 
     # --- liveness ----------------------------------------------------------------------------
     def dead_workers(self, workers: Iterable[int], force: bool = True) -> List[int]:
-        """Those of `workers` whose link broke or whose process (on this host) is gone. Process
-        checks run at most every LIVENESS_PERIOD seconds unless `force`."""
+        """Those of `workers` whose link broke (their host stopped answering, or the
+        connection closed) or whose process (on this host) is gone. Process and socket checks
+        run at most every LIVENESS_PERIOD seconds unless `force`. Safe in a watchdog thread
+        with `force` (it reads no link)."""
         workers = list(workers)
-        dead = [w for w in workers if w in self.links and self.links[w].dead]
+        links = self.links
+        dead = [w for w in workers if w in links and links[w].dead]
         now = time.monotonic()
         if force or now - self._last_liveness > LIVENESS_PERIOD:
             self._last_liveness = now
             for w in workers:
+                if w in dead:
+                    continue
                 host, pid = self.procs.get(w, ("", 0))
-                if host == self.host and pid and w not in dead and not process_alive(pid):
+                if host == self.host and pid and not process_alive(pid):
+                    dead.append(w)
+                elif w in links and links[w].probe():
                     dead.append(w)
         return sorted(dead)
 
-    def died(self, dead: Sequence[int], when: str) -> WorkerDied:
-        """The error for workers found dead (`e.workers` lists them)."""
-        what = ", ".join(f"worker {w} (pid {self.procs.get(w, ('', '?'))[1]})" for w in dead)
-        err = WorkerDied(f"{what} died {when}")
+    def describe_member(self, w: int) -> str:
+        """How errors name member `w`'s process: what it is, its pid and host."""
+        host, pid = self.procs.get(w, ("?", "?"))
+        return f"{self.what + ', ' if self.what else ''}pid {pid} on {host}"
+
+    def died(self, dead: Sequence[int], when: str = "", noun: str = "worker",
+             suffix: str = "") -> WorkerDied:
+        """The error for members found dead (`e.workers` lists them): `HostUnreachable` naming
+        the host and every member on it when their links ended because the host stopped
+        answering, else `WorkerDied`. `when` says what this member was doing, `suffix` what
+        follows."""
+        cut = [w for w in dead if w in self.links and self.links[w].unreachable]
+        if cut:
+            hosts = hosts_of(cut, self.procs, self.addresses)
+            members = {w: (h, self.describe_member(w)) for w, (h, _) in self.procs.items()
+                       if w != self.index}
+            return host_unreachable(hosts, members, peer_timeout(), noun, when, suffix)
+        who = ", ".join(f"{noun} {w} ({self.describe_member(w)})" for w in dead)
+        err = WorkerDied(f"{who} died{' ' + when if when else ''}{suffix}")
         err.workers = list(dead)
         return err
 
@@ -294,6 +320,16 @@ class EndpointTransport(Transport):
             raise ep.died(dead, f"while worker {ep.index} waited in a collective (tag {tag})")
 
 
+def lost_error(value: Any, suffix: str = "") -> WorkerDied:
+    """The `WorkerDied` / `HostUnreachable` a worker reported with status DIED."""
+    unreachable, text, workers, hosts = value
+    err = (HostUnreachable if unreachable else WorkerDied)(text + suffix)
+    err.workers = workers
+    if unreachable:
+        err.hosts, err.host = hosts, hosts[0] if hosts else ""
+    return err
+
+
 def serve(ep: Endpoint, handle: Callable[[str, int, int, Any], Any],
           special: Optional[Dict[str, Callable[[Any], Any]]] = None) -> str:
     """A worker's loop: run the host's commands (`handle(cmd, sid, run_id, payload)`, or
@@ -311,6 +347,12 @@ def serve(ep: Endpoint, handle: Callable[[str, int, int, Any], Any],
                 value = fn(payload) if fn is not None else handle(cmd, sid, m.run_id, payload)
             except RunAborted as e:
                 status, value = ABORTED, str(e)
+            except WorkerDied as e:
+                # Another worker died (or its host is unreachable) while this one waited for it:
+                # the host reports that, not a failure of this worker.
+                status, value = DIED, (isinstance(e, HostUnreachable), str(e),
+                                       list(getattr(e, "workers", ())),
+                                       list(getattr(e, "hosts", ())))
             except BaseException as e:  # noqa: BLE001 - reported to the host
                 status, value = ERROR, describe(e)
                 if os.environ.get("POPXL_DEBUG"):

@@ -22,15 +22,17 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..engine.comm import Transport
-from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
-from .env import collective_timeout, worker_count
+from ..errors import CollectiveTimeout, HostUnreachable, RunAborted, WorkerDied, WorkerError
+from .env import collective_timeout, peer_timeout, worker_count
 from .liveness import LAUNCHER_ENV, ProcessRef, Watchdog, exit_process
+from .mpi_heartbeat import MPIHeartbeat
 from .mpi_segments import unlink_mpich_segments
 from .polling import Backoff as _Backoff, process_alive as _alive
 from .pool import WorkerPool
+from .reachability import host_unreachable
 from .service import WorkerService
 
-__all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run"]
+__all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run", "spanning_heartbeat"]
 
 CMD, REPLY, ABORT = 11, 12, 13
 _LIVENESS_PERIOD = 0.5
@@ -122,9 +124,13 @@ class MPIPool(WorkerPool):
         # Every rank has attached MPICH's shared memory by now (MPI_Init is done everywhere):
         # unlinked, it goes with the last process however the job ends.
         unlink_mpich_segments()
+        # Across hosts, heartbeats tell a host that stopped answering (see mpi_heartbeat.py).
+        self.beat = spanning_heartbeat(world, self.procs)
+        self._peer_signal_at = 0.0
         self.transport = MPITransport(self)
         self.service = WorkerService(self.rank, self.transport, self._on_run)
         self.broken: Optional[str] = None
+        self.reported = False                    # the script was given the pool's failure
         self.interrupted = False                 # a run was stopped by Ctrl-C
         self._replies: Dict[int, tuple] = {}     # worker -> reply of the current call
         self._last_liveness = time.monotonic()
@@ -139,6 +145,7 @@ class MPIPool(WorkerPool):
 
     def _on_peer_failure(self, signum, frame) -> None:
         self._peer_signal = True
+        self._peer_signal_at = self._peer_signal_at or time.monotonic()
 
     def _on_run(self, run_id: int) -> None:
         self.transport.run_id = run_id
@@ -155,17 +162,42 @@ class MPIPool(WorkerPool):
             if self._dead_peers([0]):
                 exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid "
                              f"{self.procs[0][1]}) died")
+            self._exit_if_host_unreachable()
             return None
         if self.closed:
             return None
         dead = self._dead_peers(range(1, self.size))
-        return self._died(dead) if dead else None
+        if dead:
+            return self._died(dead)
+        silent = self.beat.silent(range(1, self.size)) if self.beat else []
+        return self._unreachable(silent) if silent else None
+
+    def _exit_if_host_unreachable(self) -> None:
+        """A worker whose host (rank 0) went silent ends: nobody can stop it any more."""
+        if self.beat is not None and self.beat.silent([0]):
+            exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid {self.procs[0][1]} "
+                         f"on {self.procs[0][0]}) is unreachable: no heartbeat for "
+                         f"{self.beat.timeout:g} s (POPXL_PEER_TIMEOUT)")
+
+    def _unreachable(self, ranks: Sequence[int]):
+        """Mark the pool unusable; HostUnreachable naming the silent ranks' hosts and every
+        rank on them."""
+        hosts = {self.procs[r][0]: "" for r in ranks}
+        members = {r: (h, f"MPI rank {r}, pid {pid}") for r, (h, pid) in enumerate(self.procs)
+                   if r != self.rank}
+        err = host_unreachable(hosts, members, self.beat.timeout,
+                               suffix="; the MPI worker pool cannot be used again")
+        self.broken = str(err)
+        self.reported = True
+        return err
 
     def _died(self, dead: Sequence[int]) -> WorkerDied:
-        """Mark the pool unusable; the error that names the dead workers."""
+        """Mark the pool unusable; the error that names the dead workers (and their hosts)."""
         self.broken = f"MPI rank(s) {list(dead)} died"
-        err = WorkerDied(f"worker(s) {list(dead)} (MPI rank(s) {list(dead)}) died; the MPI "
-                         f"worker pool cannot be used again")
+        self.reported = True
+        hosts = sorted({self.procs[r][0] for r in dead})
+        err = WorkerDied(f"worker(s) {list(dead)} (MPI rank(s) {list(dead)} on "
+                         f"{', '.join(hosts)}) died; the MPI worker pool cannot be used again")
         err.workers = list(dead)
         return err
 
@@ -180,11 +212,18 @@ class MPIPool(WorkerPool):
             return
         self._last_liveness = now
         dead = self._dead_peers(ranks)
-        if not dead and self._peer_signal and any(
-                self.procs[r][0] != socket.gethostname() for r in ranks):
-            dead = [r for r in ranks if self.procs[r][0] != socket.gethostname()]
+        remote = [r for r in ranks if self.procs[r][0] != socket.gethostname()]
+        if not dead and self._peer_signal and remote:
+            if self.beat is None:
+                dead = remote
+            elif now - self._peer_signal_at > 2 * self.beat.period + 0.1:
+                # The process manager says a rank ended: those that stopped beating then.
+                dead = self.beat.quiet_since(self._peer_signal_at, remote)
         if dead:
             raise self._died(dead)
+        silent = self.beat.silent(ranks) if self.beat is not None else []
+        if silent:
+            raise self._unreachable(silent)
 
     # --- host side ---------------------------------------------------------------------
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
@@ -238,7 +277,9 @@ class MPIPool(WorkerPool):
             err.workers = tuple(silent)
             raise err
         if status == "died":
-            _, dead = value
+            _, dead, unreachable = value
+            if unreachable and self.beat is not None:
+                raise self._unreachable(list(dead))
             raise self._died(sorted(set(dead) | set(self._dead_peers(
                 [r for r in range(1, self.size) if r != worker]))) or [worker])
         return worker
@@ -334,7 +375,7 @@ class MPIPool(WorkerPool):
                 self.broken = f"worker(s) {sorted(waiting)} did not acknowledge the shutdown"
                 return False
             backoff.wait()
-        return True
+        return self.beat is None or self.beat.close()
 
     def kill_workers(self) -> None:
         """SIGKILL the workers on this host (the host's way out of a broken pool: a stopped or
@@ -361,6 +402,9 @@ class MPIPool(WorkerPool):
                     self.ctrl.send(("bye", self.rank, 0, None), dest=0, tag=REPLY)
                     if self.watchdog is not None:
                         self.watchdog.stop()
+                    if self.beat is not None and not self.beat.close():
+                        exit_process(f"MPI rank {self.rank}: a peer did not end its "
+                                     f"heartbeats (MPI could not finalise)", 0)
                     return
                 try:
                     reply = ("ok", self.rank, run_id,
@@ -373,7 +417,8 @@ class MPIPool(WorkerPool):
                     # Another worker died while this one waited for it: the host reports the
                     # death (WorkerDied naming it), not this worker's failed collective.
                     reply = ("died", self.rank, run_id,
-                             (str(e), tuple(getattr(e, "workers", ()) or ())))
+                             (str(e), tuple(getattr(e, "workers", ()) or ()),
+                              isinstance(e, HostUnreachable)))
                 except BaseException as e:  # noqa: BLE001 - reported to the host
                     reply = ("error", self.rank, run_id, _describe(e))
                     if os.environ.get("POPXL_DEBUG"):
@@ -390,7 +435,19 @@ class MPIPool(WorkerPool):
                         # Nothing to serve; MPI_Finalize would wait for the host for ever.
                         exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid "
                                      f"{self.procs[0][1]}) died")
+                    self._exit_if_host_unreachable()
                 backoff.wait()
+
+
+def spanning_heartbeat(world, procs) -> Optional[MPIHeartbeat]:
+    """Heartbeats over a duplicate of `world` when its ranks (`procs`: (host, pid) per rank)
+    span hosts (collective: every rank of `world` calls it, and all decide alike); None on one
+    host, where process checks tell a rank's death, or without MPI_THREAD_MULTIPLE."""
+    from mpi4py import MPI
+
+    if len({host for host, _ in procs}) < 2 or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        return None
+    return MPIHeartbeat(world.Dup(), peer_timeout())
 
 
 _POOL: Optional[MPIPool] = None

@@ -28,11 +28,11 @@ from typing import Any, List, Optional, Sequence
 
 from ..errors import WorkerDied, WorkerError
 from .blas import job_blas_threads, user_blas_vars
-from .endpoint import (ERROR, Endpoint, EndpointTransport, decode, describe, encode,
-                       serve)
+from .endpoint import (DIED, ERROR, LIVENESS_PERIOD, Endpoint, EndpointTransport, decode,
+                       describe, encode, lost_error, serve)
 from .env import collective_timeout, ray_transport
 from .links import ABORT, BYE, CMD, FIN
-from .liveness import Watchdog
+from .liveness import Watchdog, exit_process
 from .mesh import MeshMember, listen_address, new_token
 from .pipes import shm_supported, unlink_segments
 from .polling import Backoff, process_start_time, process_stopped
@@ -89,6 +89,7 @@ class _ActorWorker:
                  use_shm: bool, spans: bool):
         self.node, ip = _node_and_ip()
         self.endpoint = Endpoint(index, timeout)
+        self.endpoint.what = "Ray actor"
         use_shm = use_shm and shm_supported()
         self.mesh = MeshMember(self.endpoint, job, token, size, self.node, ip, use_shm,
                                listen_address(spans, use_shm, ip))
@@ -103,7 +104,9 @@ class _ActorWorker:
         self.mesh.attach()
 
     def serve(self) -> str:
-        """Answer the driver's commands until it says goodbye (or is gone)."""
+        """Answer the driver's commands until it says goodbye. A driver that is gone or
+        unreachable ends this process: nobody would ever stop it (Ray cannot tell an actor
+        on a host cut off from the cluster that its job ended)."""
         ep = self.endpoint
         self.mesh.finish()
         finished = ep.finished
@@ -113,11 +116,28 @@ class _ActorWorker:
 
         transport = EndpointTransport(ep, peer_finished)
         service = WorkerService(ep.index, transport, transport.start_run)
+        watch = Watchdog(lambda: _driver_lost(ep, "while computing"), period=LIVENESS_PERIOD,
+                         name="popxl-ray-actor-watchdog")
         try:
-            return serve(ep, service.handle,
-                         {_STATS: lambda _: _stats(ep, transport, self.node)})
+            why = serve(ep, service.handle,
+                        {_STATS: lambda _: _stats(ep, transport, self.node)})
         finally:
-            ep.close()
+            watch.stop()
+        if why != "bye":
+            _driver_lost(ep, "", always=True)
+        ep.close()
+        return why
+
+
+def _driver_lost(ep: Endpoint, when: str, always: bool = False) -> None:
+    """End this actor's process when the driver (worker 0) is gone: unreachable (checked from
+    its link's state alone, so a watchdog thread may call it), or, with `always`, in any way."""
+    link = ep.links.get(0)
+    cut = link is not None and link.probe() and link.unreachable
+    if cut or always:
+        host = ep.procs.get(0, ("?", 0))[0]
+        exit_process(f"Ray worker {ep.index}: the driver (worker 0, on {host}) "
+                     f"{'is unreachable' if cut else 'is gone'}{' ' + when if when else ''}")
 
 
 # --- Ray and the reaper: started once per process ------------------------------------------------
@@ -190,6 +210,7 @@ class RayPool(WorkerPool):
         self.closed = False
         self.job = f"popxl-ray-{os.getpid()}-{secrets.token_hex(12)}"
         self.endpoint = Endpoint(0, collective_timeout())
+        self.endpoint.what = "Ray actor"
         self.transport = EndpointTransport(self.endpoint, self._replied_during_collective)
         self.service = WorkerService(0, self.transport, self.transport.start_run)
         self.actors: list = []
@@ -261,12 +282,10 @@ class RayPool(WorkerPool):
         return self.died(dead) if dead else None
 
     def died(self, dead: Sequence[int]) -> WorkerDied:
-        """Mark the pool unusable; the error that names the dead workers."""
-        what = ", ".join(f"worker {w} (Ray actor, pid {self.pids[w]})" for w in dead)
-        self.broken = f"{what} died"
-        err = WorkerDied(f"{what} died; the Ray worker pool cannot be used again")
-        err.workers = list(dead)
-        return err
+        """Mark the pool unusable; the error that names the dead (or unreachable) workers."""
+        err = self.endpoint.died(dead)
+        self.broken = str(err)
+        return self.endpoint.died(dead, suffix="; the Ray worker pool cannot be used again")
 
     # --- host side -----------------------------------------------------------------------------
     def call(self, sid: int, cmd: str, payloads: Sequence[Any],
@@ -309,6 +328,10 @@ class RayPool(WorkerPool):
                 del replies[w]
             elif m.a == ERROR:
                 raise WorkerError(f"worker {w} (Ray actor) failed: {decode(m)}")
+            elif m.a == DIED:
+                err = lost_error(decode(m), "; the Ray worker pool cannot be used again")
+                self.broken = str(err)
+                raise err
 
     def _wait_replies(self, run_id: int, workers: Sequence[int],
                       deadline: Optional[float]) -> None:

@@ -8,13 +8,16 @@ A host is a process (its "init", `sleep`) holding new network, UTS and mount nam
   frames; this kernel has no netem);
 * its own name (`h1`, `h2`, ...: what `hostname` / `socket.gethostname()` say there), and
   names that resolve: every host's `/etc/hosts` lists every host of the fixture;
-* its own `/dev/shm` (a new tmpfs) and `/tmp` (a directory of the fixture's, with the paths
-  under /tmp that must stay visible, the fixture's own folder and this Python's, bound at
-  their places);
+* its own `/dev/shm` (a new tmpfs), System V IPC, boot id (`/proc/sys/kernel/random/boot_id`:
+  UCX takes processes with one boot id for processes of one machine, and would join them
+  through shared memory) and `/tmp` (a directory of the fixture's, with the paths under /tmp
+  that must stay visible, the fixture's own folder and this Python's, bound at their places);
 * a command runner: `host.run(argv)` / `host.popen(argv)`, and `ssh` (a script with ssh's
   command line: `ssh [options] HOST COMMAND...`) for process managers that start processes on
   other hosts (hydra's `-launcher-exec`). Like ssh, it gives the command a fresh login
-  environment (no variables of the caller's).
+  environment (no variables of the caller's), and the command is no descendant of the calling
+  process (`ssh-remote.sh`): nothing on the calling host reaches it through the process tree,
+  and it hears of the caller's end only while its host is on the network.
 
 Everything has names with the fixture's unique prefix, and `close()` (always called: a context
 manager) kills every process in every host's network namespace, deletes the links and
@@ -41,6 +44,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from typing import Dict, List, Optional, Sequence
 
 __all__ = ["SimHosts", "Host", "HOST_LIFETIME"]
@@ -53,12 +57,34 @@ set -e
 hostname "$1"
 mount -t tmpfs -o mode=1777 pxshm /dev/shm
 mount --bind "$2" /etc/hosts
-tmp="$3"; shift 3
+mount --bind "$3" /proc/sys/kernel/random/boot_id
+tmp="$4"; shift 4
 for keep in "$@"; do mkdir -p "$tmp/$keep"; mount --bind "/tmp/$keep" "$tmp/$keep"; done
 mount --rbind "$tmp" /tmp
 echo ready
 exec sleep """ + str(HOST_LIFETIME)
 
+
+# The ssh stand-in (`SimHosts.ssh`); its far end, run in the host, is ssh-remote.sh.
+_SSH = """#!/bin/sh
+# ssh [options] HOST COMMAND...: COMMAND run by `sh -c` in simulated host HOST, in a login
+# environment (as ssh gives: no variable of the caller's), in HOME. The simulated hosts' ssh.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -[bcDEeFIiJLlmOopQRSWw]) shift 2;;
+    -*) shift;;
+    *) break;;
+  esac
+done
+host=$1; shift
+case "$host" in
+{cases}
+  *) echo "ssh: Could not resolve hostname $host: Name or service not known" >&2; exit 255;;
+esac
+exec nsenter -t $pid -n -u -m --wd="${{HOME:-/}}" -- env -i HOME="${{HOME:-/}}" \\
+  USER="${{USER:-root}}" LOGNAME="${{USER:-root}}" SHELL=/bin/sh PATH={path} \\
+  {remote} "$*"
+"""
 
 def _ip(*args: str, ns_pid: Optional[int] = None, check: bool = True) -> str:
     cmd = ["ip", *args]
@@ -106,11 +132,15 @@ class Host:
 
     def _start(self) -> None:
         os.makedirs(self.tmp)
+        boot_id = os.path.join(self.sim.dir, self.name, "boot_id")
+        with open(boot_id, "w") as f:
+            f.write(f"{uuid.uuid4()}\n")
         peer = f"{self.link}p"
         _ip("link", "add", self.link, "type", "veth", "peer", "name", peer)
         self.init = subprocess.Popen(
-            ["unshare", "--net", "--mount", "--uts", "--propagation", "private", "--", "sh",
-             "-c", _INIT, "sh", self.name, self.sim.hosts_file, self.tmp, *self.sim.keep],
+            ["unshare", "--net", "--mount", "--uts", "--ipc", "--propagation", "private", "--",
+             "sh", "-c", _INIT, "sh", self.name, self.sim.hosts_file, boot_id, self.tmp,
+             *self.sim.keep],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, preexec_fn=_die_with_parent)
         line = self.init.stdout.readline()            # bounded: the script exits on error
@@ -285,27 +315,9 @@ class SimHosts:
 
     def _write_ssh(self) -> None:
         cases = "\n".join(f"  {h.name}|{h.address}) pid={h.pid};;" for h in self.hosts)
-        script = f"""#!/bin/sh
-# ssh [options] HOST COMMAND...: COMMAND run by `sh -c` in simulated host HOST, with a login
-# environment (as ssh gives), in HOME. The simulated hosts' stand-in for ssh.
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -[bcDEeFIiJLlmOopQRSWw]) shift 2;;
-    -*) shift;;
-    *) break;;
-  esac
-done
-host=$1; shift
-case "$host" in
-{cases}
-  *) echo "ssh: Could not resolve hostname $host: Name or service not known" >&2; exit 255;;
-esac
-exec nsenter -t $pid -n -u -m --wd="${{HOME:-/}}" -- env -i HOME="${{HOME:-/}}" \\
-  USER="${{USER:-root}}" LOGNAME="${{USER:-root}}" SHELL=/bin/sh PATH={_LOGIN_PATH} \\
-  sh -c "$*"
-"""
         with open(self.ssh, "w") as f:
-            f.write(script)
+            f.write(_SSH.format(cases=cases, remote=os.path.join(HERE, "ssh-remote.sh"),
+                                path=_LOGIN_PATH))
         os.chmod(self.ssh, 0o755)
 
     # --- the network --------------------------------------------------------------------
