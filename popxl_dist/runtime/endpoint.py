@@ -26,7 +26,7 @@ from .links import ABORT, BYE, CMD, DATA, FAILED, FIN, OUTPUT, REPLY, Link, Mess
 from .polling import Backoff, process_alive
 from .reachability import host_unreachable, hosts_of
 
-__all__ = ["Endpoint", "EndpointTransport", "serve", "encode", "decode", "describe",
+__all__ = ["Endpoint", "EndpointTransport", "Silence", "serve", "encode", "decode", "describe",
            "OK", "ERROR", "ABORTED", "DIED", "LIVENESS_PERIOD", "DIVERGE_GRACE", "lost_error"]
 
 OK, ERROR, ABORTED, DIED = 0, 1, 2, 3         # reply status (the reply message's `a`)
@@ -151,10 +151,13 @@ class Endpoint:
         elif kind == OUTPUT:
             self.outputs.append(m)
 
-    def flush_all(self, workers: Iterable[int], deadline: Optional[float] = None) -> bool:
+    def flush_all(self, workers: Iterable[int], deadline: Optional[float] = None,
+                  stall: Optional[float] = None) -> bool:
         """Push every queued message to `workers` (reading meanwhile); False if one of them died
-        or the deadline passed first."""
+        or the deadline passed first. With `stall`, a worker whose link moves no byte for
+        `stall` seconds raises CollectiveTimeout (it is stopped or hung)."""
         links = [self.links[w] for w in workers]
+        silence = Silence(self, workers) if stall is not None else None
         backoff = Backoff()
         while not all(link.idle for link in links):
             if self.progress():
@@ -165,8 +168,22 @@ class Endpoint:
                 return False
             if deadline is not None and time.monotonic() > deadline:
                 return False
+            if silence is not None:
+                quiet = silence.over(stall, [lk.peer for lk in links if not lk.idle])
+                if quiet:
+                    raise self.silent(quiet, stall, "took none of the bytes sent to it for "
+                                                    "{t:g} s")
             backoff.wait()
         return True
+
+    def silent(self, workers: Sequence[int], timeout: float, what: str) -> CollectiveTimeout:
+        """The error for `workers` whose links stayed still for `timeout` seconds (`what`
+        says what they did not do, with `{t}` for the timeout)."""
+        who = ", ".join(f"worker {w} ({self.describe_member(w)})" for w in workers)
+        err = CollectiveTimeout(f"{who} {what.format(t=timeout)} (stopped, hung, or far slower "
+                                f"than the others; POPXL_COLLECTIVE_TIMEOUT)")
+        err.workers, err.timeout = tuple(workers), timeout
+        return err
 
     def start_run(self, run_id: int) -> None:
         """Forget what earlier (aborted) runs left behind."""
@@ -226,6 +243,32 @@ class Endpoint:
             link.close()
         self.links.clear()
         self._link_list = []
+
+
+class Silence:
+    """When each of some peers' links last moved a byte (either way): `over(t)` names those
+    still for more than `t` seconds."""
+
+    def __init__(self, ep: Endpoint, peers: Iterable[int]):
+        now = time.monotonic()
+        self.ep = ep
+        self.last = {p: (now, self._moved(p)) for p in peers}
+
+    def _moved(self, p: int) -> int:
+        link = self.ep.links.get(p)
+        return link.sent + link.received if link is not None else 0
+
+    def over(self, timeout: float, peers: Iterable[int]) -> List[int]:
+        now = time.monotonic()
+        quiet = []
+        for p in peers:
+            since, moved = self.last.get(p, (now, -1))
+            current = self._moved(p)
+            if current != moved:
+                self.last[p] = (now, current)
+            elif now - since > timeout:
+                quiet.append(p)
+        return quiet
 
 
 class EndpointTransport(Transport):

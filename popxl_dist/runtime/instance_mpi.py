@@ -244,7 +244,8 @@ class MPIInstanceGroup(InstanceGroup):
         hosts = {self.procs[p][0]: "" for p in silent}
         members = {p: (h, f"MPI rank {p}, pid {pid}") for p, (h, pid) in enumerate(self.procs)
                    if p != self.index}
-        err = host_unreachable(hosts, members, self.beat.timeout, noun="instance")
+        err = host_unreachable(hosts, members, self.beat.timeout, noun="instance",
+                               heartbeats=True)
         err.instance = err.workers[0] if err.workers else silent[0]
         return err
 

@@ -27,7 +27,7 @@ from .env import collective_timeout, peer_timeout, worker_count
 from .liveness import LAUNCHER_ENV, ProcessRef, Watchdog, exit_process
 from .mpi_heartbeat import MPIHeartbeat
 from .mpi_segments import unlink_mpich_segments
-from .polling import Backoff as _Backoff, process_alive as _alive
+from .polling import Backoff as _Backoff, process_alive as _alive, process_stopped
 from .pool import WorkerPool
 from .reachability import host_unreachable
 from .service import WorkerService
@@ -127,6 +127,7 @@ class MPIPool(WorkerPool):
         # Across hosts, heartbeats tell a host that stopped answering (see mpi_heartbeat.py).
         self.beat = spanning_heartbeat(world, self.procs)
         self._peer_signal_at = 0.0
+        self._last_stop_check = 0.0
         self.transport = MPITransport(self)
         self.service = WorkerService(self.rank, self.transport, self._on_run)
         self.broken: Optional[str] = None
@@ -185,7 +186,7 @@ class MPIPool(WorkerPool):
         hosts = {self.procs[r][0]: "" for r in ranks}
         members = {r: (h, f"MPI rank {r}, pid {pid}") for r, (h, pid) in enumerate(self.procs)
                    if r != self.rank}
-        err = host_unreachable(hosts, members, self.beat.timeout,
+        err = host_unreachable(hosts, members, self.beat.timeout, heartbeats=True,
                                suffix="; the MPI worker pool cannot be used again")
         self.broken = str(err)
         self.reported = True
@@ -285,13 +286,40 @@ class MPIPool(WorkerPool):
         return worker
 
     def _wait_replies(self, run_id: int, workers: Sequence[int]) -> None:
+        """Wait for the workers' replies. A worker of this host stopped (SIGSTOP) for
+        POPXL_COLLECTIVE_TIMEOUT seconds meanwhile fails the run with CollectiveTimeout, as in
+        a collective (on another host, its heartbeats stop: HostUnreachable)."""
         backoff = _Backoff()
+        stopped: Dict[int, float] = {}
         while any(w not in self._replies for w in workers):
             if self._take_reply(run_id) is None:
-                self._check_liveness([w for w in workers if w not in self._replies])
+                pending = [w for w in workers if w not in self._replies]
+                self._check_liveness(pending)
+                self._check_stopped(pending, stopped)
                 backoff.wait()
             else:
                 backoff = _Backoff()
+
+    def _check_stopped(self, pending: Sequence[int], stopped: Dict[int, float]) -> None:
+        """Raise CollectiveTimeout for workers of this host stopped for the whole timeout
+        (`stopped`: worker -> when it was first seen stopped)."""
+        now = time.monotonic()
+        if now - self._last_stop_check < _LIVENESS_PERIOD:
+            return
+        self._last_stop_check = now
+        host = socket.gethostname()
+        for w in pending:
+            if self.procs[w][0] == host and process_stopped(self.procs[w][1]):
+                stopped.setdefault(w, now)
+            else:
+                stopped.pop(w, None)
+        late = sorted(w for w, t in stopped.items() if now - t > self.timeout)
+        if late:
+            err = CollectiveTimeout(f"worker(s) {late} (MPI rank(s) {late}) stopped for "
+                                    f"{self.timeout:g} s while the host waited for their reply "
+                                    f"(POPXL_COLLECTIVE_TIMEOUT)")
+            err.workers, err.timeout = tuple(late), self.timeout
+            raise err
 
     def check_during_collective(self, run_id: int, peers: Sequence[int]) -> bool:
         """Called while this rank waits in a collective: raise if the run failed elsewhere;

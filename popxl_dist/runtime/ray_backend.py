@@ -28,8 +28,8 @@ from typing import Any, List, Optional, Sequence
 
 from ..errors import WorkerDied, WorkerError
 from .blas import job_blas_threads, user_blas_vars
-from .endpoint import (DIED, ERROR, LIVENESS_PERIOD, Endpoint, EndpointTransport, decode,
-                       describe, encode, lost_error, serve)
+from .endpoint import (DIED, ERROR, LIVENESS_PERIOD, Endpoint, EndpointTransport, Silence,
+                       decode, describe, encode, lost_error, serve)
 from .env import collective_timeout, ray_transport
 from .links import ABORT, BYE, CMD, FIN
 from .liveness import Watchdog, exit_process
@@ -104,9 +104,9 @@ class _ActorWorker:
         self.mesh.attach()
 
     def serve(self) -> str:
-        """Answer the driver's commands until it says goodbye. A driver that is gone or
-        unreachable ends this process: nobody would ever stop it (Ray cannot tell an actor
-        on a host cut off from the cluster that its job ended)."""
+        """Answer the driver's commands until it says goodbye (or is gone). A driver that is
+        unreachable ends this process: nobody would ever stop it (Ray cannot tell an actor on
+        a host cut off from the cluster that its job ended)."""
         ep = self.endpoint
         self.mesh.finish()
         finished = ep.finished
@@ -124,20 +124,20 @@ class _ActorWorker:
         finally:
             watch.stop()
         if why != "bye":
-            _driver_lost(ep, "", always=True)
+            _driver_lost(ep, "")
         ep.close()
         return why
 
 
-def _driver_lost(ep: Endpoint, when: str, always: bool = False) -> None:
-    """End this actor's process when the driver (worker 0) is gone: unreachable (checked from
-    its link's state alone, so a watchdog thread may call it), or, with `always`, in any way."""
+def _driver_lost(ep: Endpoint, when: str) -> None:
+    """End this actor's process when the driver (worker 0) is unreachable, judged from its
+    link's state alone (so a watchdog thread may call it). A driver that ended is Ray's to
+    handle: it kills the actors of a job whose driver is gone."""
     link = ep.links.get(0)
-    cut = link is not None and link.probe() and link.unreachable
-    if cut or always:
+    if link is not None and link.probe() and link.unreachable:
         host = ep.procs.get(0, ("?", 0))[0]
-        exit_process(f"Ray worker {ep.index}: the driver (worker 0, on {host}) "
-                     f"{'is unreachable' if cut else 'is gone'}{' ' + when if when else ''}")
+        exit_process(f"Ray worker {ep.index}: the driver (worker 0, on {host}) is "
+                     f"unreachable{' ' + when if when else ''}")
 
 
 # --- Ray and the reaper: started once per process ------------------------------------------------
@@ -303,7 +303,7 @@ class RayPool(WorkerPool):
             for w in workers:
                 meta, bufs = encode((cmd, sid, payloads[w]))
                 ep.links[w].post(CMD, run_id, 0, 0, meta, bufs)
-            if not ep.flush_all(workers):
+            if not ep.flush_all(workers, stall=ep.timeout):
                 raise self.died(self.dead_workers() or list(workers))
             special = self._special.get(cmd)
             self._computing = True          # the driver does not poll while it computes
@@ -335,9 +335,13 @@ class RayPool(WorkerPool):
 
     def _wait_replies(self, run_id: int, workers: Sequence[int],
                       deadline: Optional[float]) -> None:
+        """Wait for the workers' replies to run `run_id`. A worker that sends nothing for
+        POPXL_COLLECTIVE_TIMEOUT seconds meanwhile is stopped, hung or far slower than this
+        one: CollectiveTimeout, as in a collective."""
         ep = self.endpoint
         start = time.monotonic()
         told: set = set()                          # (finished worker, waiting worker) pairs
+        silence = Silence(ep, workers)
         backoff = Backoff()
         while True:
             moved = ep.progress()
@@ -363,6 +367,10 @@ class RayPool(WorkerPool):
                 self.broken = f"worker(s) {pending} did not answer within {_CLOSE_GRACE:g} s"
                 raise WorkerError(f"worker(s) {pending} (Ray actors) did not answer; the Ray "
                                   f"worker pool cannot be used again")
+            quiet = silence.over(ep.timeout, pending)
+            if quiet:
+                raise ep.silent(quiet, ep.timeout, "sent nothing for {t:g} s while worker 0 "
+                                                   "waited for its reply")
             backoff.wait()
 
     def _replied_during_collective(self, run_id: int, waiting: Sequence[int]) -> bool:

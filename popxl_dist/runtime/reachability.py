@@ -76,18 +76,22 @@ def is_unreachable(err: Optional[int]) -> bool:
 
 def host_unreachable(hosts: Dict[str, str], members: Dict[int, Tuple[str, str]],
                      timeout: float, noun: str = "worker", when: str = "",
-                     suffix: str = "") -> HostUnreachable:
+                     suffix: str = "", heartbeats: bool = False) -> HostUnreachable:
     """The error for `hosts` (host name -> address) that stopped answering. `members` maps each
     member (worker or instance) to (its host name, how to describe it, e.g. "Ray actor, pid
-    12"); those on the unreachable hosts are named and listed in `err.workers`."""
+    12"); those on the unreachable hosts are named and listed in `err.workers`. With
+    `heartbeats`, silence was judged from the processes' heartbeats (which stopped processes
+    do not send either), else from the host's kernel (TCP keepalive)."""
     parts, lost = [], []
     for host in sorted(hosts):
         on = sorted(m for m, (h, _) in members.items() if h == host)
         lost += on
         who = ", ".join(f"{noun} {m} ({members[m][1]})" for m in on) or f"no {noun}"
         address = f" ({hosts[host]})" if hosts[host] and hosts[host] != host else ""
-        parts.append(f"host {host}{address} is unreachable: nothing came from it for "
-                     f"{timeout:g} s (POPXL_PEER_TIMEOUT); {who} on it "
+        why = (f"no heartbeat came from it for {timeout:g} s (POPXL_PEER_TIMEOUT; or its "
+               f"processes are stopped)" if heartbeats else
+               f"nothing came from it for {timeout:g} s (POPXL_PEER_TIMEOUT)")
+        parts.append(f"host {host}{address} is unreachable: {why}; {who} on it "
                      f"{'is' if len(on) == 1 else 'are'} lost")
     err = HostUnreachable("; ".join(parts) + (f" {when}" if when else "") + suffix)
     err.workers = sorted(lost)
