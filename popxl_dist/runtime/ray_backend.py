@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any, List, Optional, Sequence
 
-from ..errors import WorkerDied, WorkerError
+from ..errors import CollectiveTimeout, WorkerDied, WorkerError
 from .blas import job_blas_threads, user_blas_vars
 from .endpoint import (DIED, ERROR, LIVENESS_PERIOD, Endpoint, EndpointTransport, Silence,
                        decode, describe, encode, lost_error, serve)
@@ -389,6 +389,15 @@ class RayPool(WorkerPool):
             self._discard()
             return
         pending = [w for w in workers if w not in ep.replies]
+        silent = [w for w in getattr(exc, "workers", ()) if w in pending] \
+            if isinstance(exc, CollectiveTimeout) else []
+        if silent:
+            # They sent nothing for the whole timeout (stopped or hung): they cannot take an
+            # abort either, and waiting for them would only delay the error.
+            self.broken = (f"worker(s) {silent} sent nothing within {ep.timeout:g} s "
+                           f"(stopped or hung?)")
+            self._discard()
+            return
         reason = f"another worker failed: {describe(exc)}".encode()
         for w in pending:
             ep.links[w].post(ABORT, run_id, 0, 0, reason)

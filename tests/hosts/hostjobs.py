@@ -25,9 +25,10 @@ PY = sys.executable
 POPXL_RUN = [PY, "-m", "popxl_launch"]
 RAY = os.path.join(os.path.dirname(PY), "ray")
 
-# The main job as the host tests run it: 4 replicas (on 2, 3 or 4 workers), a checkpoint every
-# 10 steps, the test set's first 1000 images at the end.
-JOB_SETTINGS = ["train.replicas=4", "train.checkpoint_every=10", "test.limit=1000"]
+# The main job as the host tests run it: 6 replicas (on 2 or 3 workers) of 16 images a step, a
+# checkpoint every 5 steps, the test set's first 1200 images at the end.
+JOB_SETTINGS = ["train.replicas=6", "train.global_batch=96", "train.checkpoint_every=5",
+                "test.batch_size=600", "test.limit=1200"]
 
 # Command lines of a job's processes (Ray's daemons, started before, are the cluster's).
 JOB_PROCESS = re.compile(r"popxl_launch|_ActorWorker|_InstanceActor|mpi_main|hydra_pmi_proxy|"
@@ -77,10 +78,20 @@ def reference_digest(steps: int) -> str:
         return digest(res.stdout)
 
 
-def resume_here(run_dir: str) -> subprocess.CompletedProcess:
-    """Continue an interrupted run of the main job in one process on this machine."""
-    return subprocess.run([*POPXL_RUN, "configs/mnist.yaml", "--resume", run_dir], cwd=ROOT,
-                          env=clean_env(), capture_output=True, text=True, timeout=300)
+def reference_in_background(steps: int) -> threading.Thread:
+    """Start computing `reference_digest(steps)` (while the hosts start)."""
+    t = threading.Thread(target=reference_digest, args=(steps,), daemon=True)
+    t.start()
+    return t
+
+
+def resume_here(run_dir: str, steps: int) -> subprocess.CompletedProcess:
+    """Continue an interrupted run of the main job (`main_job(run_dir, steps)`) in one process
+    on this machine."""
+    args = main_job(run_dir, steps)
+    args[1] = "--resume"
+    return subprocess.run([*POPXL_RUN, *args], cwd=ROOT, env=clean_env(), capture_output=True,
+                          text=True, timeout=300)
 
 
 def wait_for(condition, timeout: float, what: str) -> float:
@@ -118,17 +129,19 @@ def job_processes(sim: SimHosts) -> Dict[str, List[str]]:
 
 
 # --- a Ray cluster ------------------------------------------------------------------------
-def start_ray_cluster(hosts: Sequence[Host], env: Dict[str, str], cpus: int = 1) -> str:
-    """`ray start --head` on hosts[0], `ray start --address` on the others (at once), `cpus`
-    CPUs each, with `env` (the token); the head's address."""
+def start_ray_cluster(hosts: Sequence[Host], env: Dict[str, str], cpus: int = 1,
+                      head_cpus: int = 0) -> str:
+    """`ray start --head` on hosts[0] (`head_cpus` CPUs: by default it runs no actor, only the
+    driver), `ray start --address` on the others (at once), `cpus` CPUs each, all with `env`
+    (the token); the head's address."""
     head = hosts[0]
-    common = ["--num-cpus", str(cpus), "--disable-usage-stats", "--object-store-memory",
-              str(100 << 20)]
+    common = ["--disable-usage-stats", "--object-store-memory", str(100 << 20)]
     res = head.run([RAY, "start", "--head", "--port", "6379", "--include-dashboard", "false",
-                    *common], env=env, timeout=180)
+                    "--num-cpus", str(head_cpus), *common], env=env, timeout=180)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     address = f"{head.address}:6379"
-    starts = [h.popen([RAY, "start", "--address", address, *common], env=env,
+    starts = [h.popen([RAY, "start", "--address", address, "--num-cpus", str(cpus), *common],
+                      env=env,
                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
               for h in hosts[1:]]
     for p in starts:
@@ -235,11 +248,14 @@ _HTTP2_CONTROL = {4, 6, 7, 8}      # SETTINGS, PING, GOAWAY, WINDOW_UPDATE
 
 
 def got_nothing(answer: dict) -> bool:
-    """Whether a listener's answer to a probe held nothing: no byte, or only HTTP/2 control
-    frames (a gRPC server's preface and its refusal)."""
+    """Whether a listener's answer to a probe held nothing: no byte, only HTTP/2 control
+    frames (a gRPC server's preface and its refusal), or an HTTP client error (a web server
+    refusing a request it cannot parse: 4xx)."""
     if "error" in answer or answer["received"] == 0:
         return True
     data = bytes.fromhex(answer["first"])
+    if re.match(rb"HTTP/1\.[01] 4\d\d ", data):
+        return True
     if len(data) < answer["received"]:
         return False
     while data:
@@ -250,3 +266,43 @@ def got_nothing(answer: dict) -> bool:
             return False
         data = data[9 + length:]
     return True
+
+
+# --- a job on the hosts -----------------------------------------------------------------------
+class Job:
+    """A launcher started on `host` (output read as it comes, each line with the time it
+    arrived) until `finish()`."""
+
+    def __init__(self, host: Host, argv: Sequence[str], env: Dict[str, str]):
+        self.t0 = time.monotonic()
+        self.proc = host.popen(list(argv), env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        self.lines: List[tuple] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.code: Optional[int] = None
+        self.ended = float("nan")
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    @property
+    def output(self) -> str:
+        return "".join(line for _, line in self.lines)
+
+    def first(self, text: str) -> float:
+        """When a line containing `text` arrived (monotonic time), or nan."""
+        return next((t for t, line in self.lines if text in line), float("nan"))
+
+    def finish(self, timeout: float = 300) -> "Job":
+        try:
+            self.code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.code = self.proc.wait()
+            raise AssertionError(f"the launcher did not end within {timeout:g} s:\n"
+                                 f"{self.output[-3000:]}")
+        self.ended = time.monotonic()
+        self._reader.join(30)
+        return self
