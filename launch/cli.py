@@ -29,7 +29,8 @@ from typing import List, Optional, Sequence
 
 from .hosts import (hydra_host_args, is_this_host, parse_hosts, place, read_hostfile,
                     remote_exec_path)
-from .mpiexec import RANK_WRAPPER, find_gforker, find_mpiexec, install_hint, one_node_env
+from .mpiexec import (HOSTS_RANK_WRAPPER, RANK_WRAPPER, across_hosts_env, find_gforker,
+                      find_mpiexec, install_hint, one_node_env)
 from .supervise import run_job
 
 __all__ = ["main", "find_mpiexec", "missing_backend", "crowding_note"]
@@ -104,12 +105,14 @@ def _run_mpi(workers: int, target: str, args: List[str],
         env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
         gforker = None if hosts else find_gforker()
         if hosts:
+            env = across_hosts_env(env)
             manager = [find_mpiexec(), "-disable-auto-cleanup",
                        *hydra_host_args(hosts.placement, hosts.remote_exec)]
         else:
             env = one_node_env(env)
             manager = [gforker] if gforker else [find_mpiexec(), "-disable-auto-cleanup"]
-        cmd = [*manager, "-n", str(workers), "sh", "-c", RANK_WRAPPER, "sh", sys.executable,
+        wrapper = HOSTS_RANK_WRAPPER if hosts else RANK_WRAPPER
+        cmd = [*manager, "-n", str(workers), "sh", "-c", wrapper, "sh", sys.executable,
                "-m", "popxl_launch.mpi_main", target, *args]
         try:
             # Across hosts, once the script has ended the job is given a few seconds to end:
@@ -123,8 +126,10 @@ def _run_mpi(workers: int, target: str, args: List[str],
                 return int(f.read().strip())
         except (OSError, ValueError):
             if code < 128:      # (not stopped by a signal to popxl-run: it knows why)
+                why = ("killed, or aborted by MPI after another rank died: MPICH cannot "
+                       "outlive a peer's death across hosts" if hosts else "killed?")
                 print(f"popxl-run: the host (MPI rank 0, the script) ended without an exit "
-                      f"code (killed?); mpiexec exited with {code}", file=sys.stderr)
+                      f"code ({why}); mpiexec exited with {code}", file=sys.stderr)
             return code or 1
 
 

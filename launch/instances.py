@@ -24,7 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .hosts import hydra_host_args, place
 from .instance_wrapper import read_exit_file
-from .mpiexec import EXIT_ZERO_ENV, find_gforker, find_mpiexec, gforker_takes, one_node_env
+from .mpiexec import (EXIT_ZERO_ENV, across_hosts_env, find_gforker, find_mpiexec,
+                      gforker_takes, one_node_env)
 from .output import POPRUN_PREFIX
 from .supervise import die_with_parent, kill_tree
 
@@ -277,8 +278,7 @@ def run_mpi_instances(launch: InstanceLaunch, cmd: Sequence[str]) -> int:
         for note in notes:
             print(f"{launch.prog}: {note}", file=sys.stderr, flush=True)
         env = _instance_env(launch, exit_dir, fds)
-        if not launch.hosts:
-            env = one_node_env(env)
+        env = across_hosts_env(env) if launch.hosts else one_node_env(env)
         try:
             # mpiexec (and so every rank) is stopped when the launcher dies, even by SIGKILL.
             preexec = die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None

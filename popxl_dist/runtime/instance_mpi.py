@@ -25,7 +25,8 @@ import numpy as np
 
 from ..errors import CollectiveTimeout, InstanceFailed, WorkerDied
 from .instance_group import ACK_GRACE, InstanceGroup, flush_stdio
-from .mpi import MPITransport, _alive, _Backoff, spanning_heartbeat
+from .mpi import (MPITransport, _alive, _Backoff, broken_peers, returning_errors,
+                  spanning_heartbeat)
 from .reachability import host_unreachable
 from .mpi_segments import unlink_mpich_segments
 
@@ -59,13 +60,24 @@ class _InstanceTransport(MPITransport):
         MPI = group.MPI
         mtag = _mpi_tag(self.run_id, tag)
         bufs = {p: self._buffer(p, n, dtype) for p, (n, dtype) in recvs.items()}
-        pending = {p: group.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
-                   for p in bufs}
+        pending: Dict[int, object] = {}
+        by_peer: Dict[int, list] = {}
+        sreqs: list = []
+        try:
+            for p in bufs:
+                pending[p] = group.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p,
+                                              tag=mtag)
+                by_peer.setdefault(p, []).append(pending[p])
+            keep = [np.ascontiguousarray(a) for a in sends.values()]
+            for p, a in zip(sends, keep):
+                sreqs.append(group.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag))
+                by_peer.setdefault(p, []).append(sreqs[-1])
+        except MPI.Exception as e:
+            err = group.connection_lost(broken_peers(by_peer) or list(by_peer), e)
+            group.mark_broken(err)
+            raise err from None
         for p in bufs:
             self.posted_from[p] = self.posted_from.get(p, 0) + 1
-        keep = [np.ascontiguousarray(a) for a in sends.values()]
-        sreqs = [group.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag)
-                 for p, a in zip(sends, keep)]
         for p in sends:
             self.sent_to[p] = self.sent_to.get(p, 0) + 1
         start = time.monotonic()
@@ -91,12 +103,16 @@ class _InstanceTransport(MPITransport):
                         raise err
                 backoff.wait()
         except BaseException as e:
-            group.mark_broken(e)
+            lost = group.connection_lost(broken_peers(by_peer) or list(by_peer), e) \
+                if isinstance(e, MPI.Exception) else None
+            group.mark_broken(lost or e)
             for r in pending.values():
                 try:
                     r.Cancel()
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
+            if lost is not None:
+                raise lost from None
             raise
         return bufs
 
@@ -123,8 +139,8 @@ class MPIInstanceGroup(InstanceGroup):
                                f"rank per instance (poprun / mpirun -n {size})")
         self.MPI = MPI
         self.rank = index
-        self.data = self._dup(world)
-        self.ctrl = self._dup(world)
+        self.data = returning_errors(self._dup(world))
+        self.ctrl = returning_errors(self._dup(world))
         # peer -> (kind, origin, message, data messages it sent to this instance)
         self.gone: Dict[int, Tuple[str, int, str, int]] = {}
         self._last_liveness = time.monotonic()
@@ -212,6 +228,8 @@ class MPIInstanceGroup(InstanceGroup):
             self._last_liveness = now
             self._peer_signal = False
             dead = self._dead(list(waiting))
+            if self.beat is not None:
+                dead += [p for p in waiting if p in self.beat.failed and p not in dead]
             silent = self.beat.silent(waiting) if self.beat is not None else []
             if not dead and silent:
                 self._read_notices()
@@ -238,6 +256,17 @@ class MPIInstanceGroup(InstanceGroup):
                 time.monotonic() - self._peer_signal_at > 2 * self.beat.period + 0.1:
             dead += self.beat.quiet_since(self._peer_signal_at, remote)
         return dead
+
+    def connection_lost(self, peers: Sequence[int], exc: BaseException) -> WorkerDied:
+        """WorkerDied naming the instances whose connection MPI reports broken (`exc`)."""
+        if self.beat is not None:
+            self.beat.failed.update(peers)
+        p = sorted(peers)[0]
+        host, pid = self.procs[p]
+        err = WorkerDied(f"instance {p} (MPI rank {p}, pid {pid} on {host}) died (MPI: "
+                         f"{str(exc).splitlines()[0]})")
+        err.workers, err.instance = sorted(peers), p
+        return err
 
     def _unreachable(self, silent: Sequence[int]):
         """HostUnreachable naming the silent instances' hosts and every instance on them."""

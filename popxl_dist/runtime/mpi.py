@@ -32,7 +32,8 @@ from .pool import WorkerPool
 from .reachability import host_unreachable
 from .service import WorkerService
 
-__all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run", "spanning_heartbeat"]
+__all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run", "spanning_heartbeat",
+           "returning_errors", "broken_peers"]
 
 CMD, REPLY, ABORT = 11, 12, 13
 _LIVENESS_PERIOD = 0.5
@@ -42,6 +43,22 @@ _DIVERGE_GRACE = 1.0
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def broken_peers(requests: Dict[int, list]) -> List[int]:
+    """The peers (of `requests`: peer -> its requests) whose requests MPI fails: their
+    connection broke (the process died: see popxl_launch.mpiexec.across_hosts_env)."""
+    from mpi4py import MPI
+
+    broken = []
+    for peer, reqs in requests.items():
+        for r in reqs:
+            try:
+                r.Test()
+            except MPI.Exception:
+                broken.append(peer)
+                break
+    return broken
 
 
 class MPITransport(Transport):
@@ -69,11 +86,21 @@ class MPITransport(Transport):
         pool = self.pool
         mtag = ((self.run_id % 8192) << 15) | tag
         bufs = {p: self._buffer(p, n, dtype) for p, (n, dtype) in recvs.items()}
-        rreqs = [pool.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
-                 for p in bufs]
-        keep = [np.ascontiguousarray(a) for a in sends.values()]
-        sreqs = [pool.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag)
-                 for p, a in zip(sends, keep)]
+        rreqs: list = []
+        by_peer: Dict[int, list] = {}
+        try:
+            for p in bufs:
+                rreqs.append(pool.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p,
+                                             tag=mtag))
+                by_peer.setdefault(p, []).append(rreqs[-1])
+            keep = [np.ascontiguousarray(a) for a in sends.values()]
+            sreqs = []
+            for p, a in zip(sends, keep):
+                sreqs.append(pool.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag))
+                by_peer.setdefault(p, []).append(sreqs[-1])
+        except MPI.Exception as e:
+            raise pool.connection_lost(broken_peers(by_peer) or list(bufs) or list(sends),
+                                       e) from None
         reqs = rreqs + sreqs
         deadline = time.monotonic() + pool.timeout
         backoff = _Backoff()
@@ -96,12 +123,14 @@ class MPITransport(Transport):
                     err.workers, err.timeout = tuple(silent), pool.timeout
                     raise err
                 backoff.wait()
-        except BaseException:
+        except BaseException as e:
             for r in rreqs:
                 try:
                     r.Cancel()
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
+            if isinstance(e, MPI.Exception):
+                raise pool.connection_lost(broken_peers(by_peer) or list(by_peer), e) from None
             raise
         return bufs
 
@@ -117,8 +146,8 @@ class MPIPool(WorkerPool):
         world = MPI.COMM_WORLD
         self.rank = world.Get_rank()
         self.size = world.Get_size()
-        self.ctrl = world.Dup()
-        self.data = world.Dup()
+        self.ctrl = returning_errors(world.Dup())
+        self.data = returning_errors(world.Dup())
         self.timeout = collective_timeout()
         self.procs = self.ctrl.allgather((socket.gethostname(), os.getpid()))
         # Every rank has attached MPICH's shared memory by now (MPI_Init is done everywhere):
@@ -170,11 +199,23 @@ class MPIPool(WorkerPool):
         dead = self._dead_peers(range(1, self.size))
         if dead:
             return self._died(dead)
+        if self.beat is not None and self.beat.failed:
+            return self._died(sorted(self.beat.failed), "its connection broke")
         silent = self.beat.silent(range(1, self.size)) if self.beat else []
         return self._unreachable(silent) if silent else None
 
+    def connection_lost(self, ranks: Sequence[int], exc: BaseException) -> WorkerDied:
+        """WorkerDied for `ranks`, whose connection MPI reports broken (`exc`)."""
+        if self.beat is not None:
+            self.beat.failed.update(ranks)
+        return self._died(sorted(ranks), f"MPI: {str(exc).splitlines()[0]}")
+
     def _exit_if_host_unreachable(self) -> None:
-        """A worker whose host (rank 0) went silent ends: nobody can stop it any more."""
+        """A worker whose host (rank 0) went silent (or whose connection to it broke) ends:
+        nobody can stop it any more."""
+        if self.beat is not None and 0 in self.beat.failed:
+            exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid {self.procs[0][1]} "
+                         f"on {self.procs[0][0]}) died")
         if self.beat is not None and self.beat.silent([0]):
             exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid {self.procs[0][1]} "
                          f"on {self.procs[0][0]}) is unreachable: no heartbeat for "
@@ -192,13 +233,14 @@ class MPIPool(WorkerPool):
         self.reported = True
         return err
 
-    def _died(self, dead: Sequence[int]) -> WorkerDied:
+    def _died(self, dead: Sequence[int], why: str = "") -> WorkerDied:
         """Mark the pool unusable; the error that names the dead workers (and their hosts)."""
         self.broken = f"MPI rank(s) {list(dead)} died"
         self.reported = True
         hosts = sorted({self.procs[r][0] for r in dead})
         err = WorkerDied(f"worker(s) {list(dead)} (MPI rank(s) {list(dead)} on "
-                         f"{', '.join(hosts)}) died; the MPI worker pool cannot be used again")
+                         f"{', '.join(hosts)}) died{' (' + why + ')' if why else ''}; the MPI "
+                         f"worker pool cannot be used again")
         err.workers = list(dead)
         return err
 
@@ -222,6 +264,9 @@ class MPIPool(WorkerPool):
                 dead = self.beat.quiet_since(self._peer_signal_at, remote)
         if dead:
             raise self._died(dead)
+        failed = sorted(self.beat.failed.intersection(ranks)) if self.beat is not None else []
+        if failed:
+            raise self._died(failed, "its connection broke")
         silent = self.beat.silent(ranks) if self.beat is not None else []
         if silent:
             raise self._unreachable(silent)
@@ -475,7 +520,16 @@ def spanning_heartbeat(world, procs) -> Optional[MPIHeartbeat]:
 
     if len({host for host, _ in procs}) < 2 or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
         return None
-    return MPIHeartbeat(world.Dup(), peer_timeout())
+    return MPIHeartbeat(returning_errors(world.Dup()), peer_timeout())
+
+
+def returning_errors(comm):
+    """`comm`, set to return errors (mpi4py raises them) instead of aborting the job: across
+    hosts MPI reports a peer that died as an error of a call towards it."""
+    from mpi4py import MPI
+
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm
 
 
 _POOL: Optional[MPIPool] = None

@@ -6,7 +6,9 @@ a communicator of their own, from a thread of its own (so it beats while the mai
 computes), and reads the others'. A rank heard from by nobody for `timeout` seconds
 (`POPXL_PEER_TIMEOUT`) is on a host that is unreachable, or its process is stopped: `silent()`
 names them. `quiet_since(t)` names the ranks not heard from since `t` (after the process
-manager says that some rank exited, the ranks it meant stop beating at once).
+manager says that some rank exited, the ranks it meant stop beating at once). A rank whose
+connection MPI reports broken (an error from a call towards it: its process died) is in
+`failed`.
 
 `close()` ends the heartbeats so that MPI can finalise quietly: every rank sends each other rank
 a last message and reads the others' up to theirs (messages between two ranks do not overtake
@@ -42,6 +44,7 @@ class MPIHeartbeat:
         start = time.monotonic()
         self.heard: Dict[int, float] = {p: start for p in self.peers}
         self.ended: set = set()                    # peers whose last message arrived
+        self.failed: set = set()                   # peers MPI reports a broken connection to
         self._sends: Dict[int, object] = {}
         self._out = np.zeros(1, np.int64)
         self._in = np.zeros(1, np.int64)
@@ -65,14 +68,27 @@ class MPIHeartbeat:
         """One message to every peer whose previous one has left (a peer that cannot take
         them gets no queue of them)."""
         for p in self.peers:
-            req = self._sends.get(p)
-            if req is None or req.Test():
-                self._sends[p] = self.comm.Isend([self._out, self.MPI.INT64_T], dest=p,
-                                                 tag=_BEAT)
+            if p in self.failed:
+                continue
+            try:
+                req = self._sends.get(p)
+                if req is None or req.Test():
+                    self._sends[p] = self.comm.Isend([self._out, self.MPI.INT64_T], dest=p,
+                                                     tag=_BEAT)
+            except self.MPI.Exception:
+                self.failed.add(p)
+                self._sends.pop(p, None)
 
     def _read(self) -> None:
         MPI = self.MPI
         st = MPI.Status()
+        try:
+            self._drain(st)
+        except MPI.Exception:
+            pass                   # (a broken connection: the sends towards it tell which)
+
+    def _drain(self, st) -> None:
+        MPI = self.MPI
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st):
             src, tag = st.Get_source(), st.Get_tag()
             self.comm.Recv([self._in, MPI.INT64_T], source=src, tag=tag)
@@ -82,10 +98,10 @@ class MPIHeartbeat:
 
     # --- questions ----------------------------------------------------------------------
     def silent(self, peers: Iterable[int]) -> List[int]:
-        """Those of `peers` not heard from for `timeout` seconds (and not ended)."""
+        """Those of `peers` not heard from for `timeout` seconds (and not ended or failed)."""
         limit = time.monotonic() - self.timeout
         return [p for p in peers if p in self.heard and p not in self.ended
-                and self.heard[p] < limit]
+                and p not in self.failed and self.heard[p] < limit]
 
     def quiet_since(self, t: float, peers: Iterable[int]) -> List[int]:
         """Those of `peers` not heard from since monotonic time `t`."""
@@ -101,14 +117,19 @@ class MPIHeartbeat:
         self._thread.join(timeout=5.0)
         MPI = self.MPI
         with self._lock:
-            lasts = [self.comm.Isend([self._out, MPI.INT64_T], dest=p, tag=_LAST)
-                     for p in self.peers]
-            deadline = time.monotonic() + (self.timeout if patience is None else patience)
-            while time.monotonic() < deadline:
-                self._read()
-                waiting = [p for p in self.peers if p not in self.ended]
-                sent = MPI.Request.Testall(lasts + [r for r in self._sends.values()])
-                if sent and not [p for p in waiting if p not in self.silent(waiting)]:
-                    return not waiting
-                time.sleep(0.002)
+            if self.failed:
+                return False
+            try:
+                lasts = [self.comm.Isend([self._out, MPI.INT64_T], dest=p, tag=_LAST)
+                         for p in self.peers]
+                deadline = time.monotonic() + (self.timeout if patience is None else patience)
+                while time.monotonic() < deadline:
+                    self._read()
+                    waiting = [p for p in self.peers if p not in self.ended]
+                    sent = MPI.Request.Testall(lasts + [r for r in self._sends.values()])
+                    if sent and not [p for p in waiting if p not in self.silent(waiting)]:
+                        return not waiting
+                    time.sleep(0.002)
+            except MPI.Exception:
+                pass
         return False
