@@ -310,7 +310,9 @@ class EndpointTransport(Transport):
             self._received[p] = seq + 1
             wanted[p] = (p, run_id, tag, seq)
         send_links = [ep.links[p] for p in sends]
-        deadline = time.monotonic() + ep.timeout
+        # The timeout is for silence: of the peers this exchange still waits for, each one's
+        # link moving no byte for that long (another peer's messages do not count).
+        silence = Silence(ep, set(wanted) | set(sends))
         self._gone_since = None
         backoff = Backoff()
         while True:
@@ -318,18 +320,18 @@ class EndpointTransport(Transport):
             missing = {p: key for p, key in wanted.items() if key not in ep.data}
             if not missing and all(link.idle for link in send_links):
                 break
-            if moved:                                  # the timeout is for silence
-                deadline = time.monotonic() + ep.timeout
+            if moved:
                 backoff = Backoff()
                 continue
             waiting = sorted(set(missing) | {lk.peer for lk in send_links if not lk.idle})
             self.check_wait(run_id, tag, waiting, missing)
-            if time.monotonic() > deadline:
+            quiet = silence.over(ep.timeout, waiting)
+            if quiet:
                 noun = self.noun
                 err = CollectiveTimeout(
                     f"{noun} {ep.index}: collective (tag {tag}) got no data from {noun}(s) "
-                    f"{waiting} within {ep.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
-                err.workers = tuple(waiting)           # the silent workers (the executor
+                    f"{quiet} within {ep.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                err.workers = tuple(quiet)             # the silent workers (the executor
                 err.timeout = ep.timeout               # names their replicas and the op)
                 raise err
             backoff.wait()

@@ -63,6 +63,8 @@ def _actor_env() -> dict:
                                             "MKL_NUM_THREADS")})
     # Idle BLAS threads of several actors per core would spin against each other.
     env["OPENBLAS_THREAD_TIMEOUT"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "4")
+    if "POPXL_PEER_TIMEOUT" in os.environ:       # (their sockets' keepalive)
+        env["POPXL_PEER_TIMEOUT"] = os.environ["POPXL_PEER_TIMEOUT"]
     # Ray starts workers at niceness 15: with any other load on the node they would starve,
     # and every collective (and the driver, worker 0) waits for the slowest worker. MPI ranks
     # run at normal priority; so do ours.

@@ -190,8 +190,8 @@ def test_a_stopped_worker_times_out(cluster):
                 pass
     assert job.code != 0
     assert "CollectiveTimeout" in job.output and "5 s" in job.output, job.output[-3000:]
-    print(f"\nRay: a worker stopped: the launcher ended {job.ended - t0:.1f} s later "
-          f"(POPXL_COLLECTIVE_TIMEOUT=5)")
+    print(f"\nRay: a worker stopped: the error {job.first('CollectiveTimeout') - t0:.1f} s "
+          f"later, the launcher ended {job.ended - t0:.1f} s (POPXL_COLLECTIVE_TIMEOUT=5)")
     _nothing_left(cluster)
 
 
