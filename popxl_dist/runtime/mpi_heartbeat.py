@@ -122,13 +122,20 @@ class MPIHeartbeat:
             try:
                 lasts = [self.comm.Isend([self._out, MPI.INT64_T], dest=p, tag=_LAST)
                          for p in self.peers]
-                deadline = time.monotonic() + (self.timeout if patience is None else patience)
+                start = time.monotonic()
+                deadline = start + (self.timeout if patience is None else patience)
+                # a peer already silent gets a few periods to show it is there after all
+                short = min(deadline, start + 3 * self.period + 0.5)
+                silent = set(self.silent(self.peers))
                 while time.monotonic() < deadline:
                     self._read()
                     waiting = [p for p in self.peers if p not in self.ended]
                     sent = MPI.Request.Testall(lasts + [r for r in self._sends.values()])
-                    if sent and not [p for p in waiting if p not in self.silent(waiting)]:
-                        return not waiting
+                    if sent and not waiting:
+                        return True
+                    if time.monotonic() > short and waiting and set(waiting) <= silent & set(
+                            self.silent(waiting)):
+                        return False
                     time.sleep(0.002)
             except MPI.Exception:
                 pass
