@@ -152,9 +152,11 @@ def part_allreduce(args) -> None:
 
 
 def part_allreduce_sizes(args) -> None:
-    """Milliseconds per `session.run` of an in-place all-reduce of each of `--sizes` bytes of
-    float32 over all the workers' replicas (one per worker), and of an empty program (the run's
-    own round trip, subtracted by the orchestrator)."""
+    """Milliseconds per all-reduce (mean) of each of `--sizes` bytes of float32 over all the
+    workers' replicas (one per worker): `--chain` all-reduces in a row per `session.run`, each
+    reading the previous one's result (so none overlaps another), against an empty program
+    (the run's own round trip, subtracted by the orchestrator). Run with
+    POPXL_BATCH_COLLECTIVES=0."""
     import popxl
     from popxl import ops
 
@@ -174,20 +176,21 @@ def part_allreduce_sizes(args) -> None:
         ir = popxl.Ir(replication=R)
         with ir.main_graph:
             w = popxl.variable(np.ones(nbytes // 4, np.float32), name="w")
-            ops.collectives.replicated_all_reduce_(w, op="add")
+            for _ in range(args.chain):
+                ops.collectives.replicated_all_reduce_(w, op="mean")
         with popxl.Session(ir, "ipu_hw") as sess:
             sess.run()
-            ok = ok and bool(np.all(sess.get_tensor_data(w) == R))
-            iters = max(2, min(args.iters, int(args.budget_mb * 1e6 / nbytes)))
+            ok = ok and bool(np.all(sess.get_tensor_data(w) == 1.0))
+            iters = max(2, min(args.iters, int(args.budget_mb * 1e6 / nbytes / args.chain)))
             times = []
             for _ in range(args.rounds):
                 t0 = time.perf_counter()
                 for _ in range(iters):
                     sess.run()
-                times.append((time.perf_counter() - t0) / iters * 1e3)
+                times.append(((time.perf_counter() - t0) / iters * 1e3 - empty_ms) / args.chain)
         runs[nbytes] = times
     emit({"part": "allreduce_sizes", **where(), "correct": ok, "empty_ms": empty_ms,
-          "run_ms": {str(k): v for k, v in runs.items()}})
+          "chain": args.chain, "allreduce_ms": {str(k): v for k, v in runs.items()}})
 
 
 def part_bare_allreduce(args) -> None:
@@ -520,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "allreduce_sizes"),
                    help="worker mode (used by the sub-runs)")
     p.add_argument("--sizes", default="4096", help="allreduce_sizes: bytes, comma-separated")
+    p.add_argument("--chain", type=int, default=8,
+                   help="allreduce_sizes: all-reduces in a row per run")
     p.add_argument("--budget-mb", type=float, default=256.0,
                    help="allreduce_sizes: bytes reduced per round at most (fewer iterations "
                         "for large sizes)")

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .hosts import (hydra_host_args, is_this_host, parse_hosts, place, read_hostfile,
                     remote_exec_path)
@@ -48,20 +48,22 @@ class HostLaunch:
     specs: Sequence[tuple] = ()          # the hosts as given, (name, slots or None)
 
 
-def _host_launch(ns: argparse.Namespace, n: int, what: str) -> Optional[HostLaunch]:
-    """The hosts named by `--hosts` / `--hostfile` for `n` processes, or None; ValueError
-    (one line, naming the option) for bad ones."""
+def _host_launch(ns: argparse.Namespace, n: int, what: str) -> Tuple[Optional[HostLaunch], str]:
+    """The hosts named by `--hosts` / `--hostfile` for `n` processes (None without them), and
+    what is wrong with them (one line naming the option; empty when nothing is)."""
     if ns.hosts and ns.hostfile:
-        raise ValueError("give --hosts or --hostfile, not both")
+        return None, "give --hosts or --hostfile, not both"
     if not (ns.hosts or ns.hostfile):
-        if ns.remote_exec:
-            raise ValueError("--remote-exec needs --hosts or --hostfile")
-        return None
+        return None, "--remote-exec needs --hosts or --hostfile" if ns.remote_exec else ""
     if ns.backend != "mpi":
-        raise ValueError(f"--hosts / --hostfile place MPI ranks (--backend mpi); the Ray "
-                         f"backend places its workers on the cluster at POPXL_RAY_ADDRESS")
-    specs = parse_hosts(",".join(ns.hosts)) if ns.hosts else read_hostfile(ns.hostfile)
-    return HostLaunch(place(n, specs, what), remote_exec_path(ns.remote_exec), tuple(specs))
+        return None, ("--hosts / --hostfile place MPI ranks (--backend mpi); the Ray backend "
+                      "places its workers on the cluster at POPXL_RAY_ADDRESS")
+    try:
+        specs = parse_hosts(",".join(ns.hosts)) if ns.hosts else read_hostfile(ns.hostfile)
+        return HostLaunch(place(n, specs, what), remote_exec_path(ns.remote_exec),
+                          tuple(specs)), ""
+    except ValueError as e:
+        return None, str(e)
 
 
 def missing_backend(backend: str) -> Optional[str]:
@@ -189,12 +191,7 @@ def _run_instances(ns: argparse.Namespace) -> int:
                f"--replicas {replicas} is not divisible by --instances {n}"
                if replicas % n else "")
     problem = problem or _backend_problem(ns.backend)
-    hosts = None
-    if not problem:
-        try:
-            hosts = _host_launch(ns, n, "instances")
-        except ValueError as e:
-            problem = str(e)
+    hosts, problem = _host_launch(ns, n, "instances") if not problem else (None, problem)
     if problem:
         print(f"popxl-run: {problem}", file=sys.stderr)
         return 2
@@ -319,12 +316,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"popxl-run: --workers must be >= 1, got {workers}", file=sys.stderr)
         return 2
     problem = _backend_problem(ns.backend)
-    hosts = None
-    if not problem:
-        try:
-            hosts = _host_launch(ns, workers, "MPI ranks (--workers)")
-        except ValueError as e:
-            problem = str(e)
+    hosts, problem = _host_launch(ns, workers, "MPI ranks (--workers)") if not problem \
+        else (None, problem)
     if hosts is not None and not is_this_host(hosts.placement[0]):
         problem = (f"the first host ({hosts.placement[0]}) must be this machine "
                    f"({socket.gethostname()}): MPI rank 0 runs the script here")

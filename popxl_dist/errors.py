@@ -8,8 +8,7 @@ from popart import popart_exception
 
 __all__ = ["UndefinedValue", "popart_exception", "OpSetupError", "OpSetupTypeError",
            "EngineError", "WorkerError", "WorkerDied", "HostUnreachable", "InstanceFailed",
-           "CollectiveTimeout",
-           "SessionFailed", "RunAborted"]
+           "CollectiveTimeout", "SessionFailed", "RunAborted"]
 
 
 class UndefinedValue(ValueError):

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -306,3 +307,62 @@ class Job:
         self.ended = time.monotonic()
         self._reader.join(30)
         return self
+
+
+# --- faults -----------------------------------------------------------------------------------
+def nothing_left(sim: SimHosts) -> None:
+    """No process of the job on any host (bounded wait: teardown takes a moment)."""
+    try:
+        wait_for(lambda: not job_processes(sim), 30, "every job process to end")
+    except AssertionError:
+        raise AssertionError(f"left on the hosts: {job_processes(sim)}") from None
+
+
+def at_first_checkpoint(sim: SimHosts, run_dir: str, start) -> Job:
+    """`start()` (a Job of the main job in `run_dir`) with 20 ms of delay on every link (slow
+    enough to be hit mid-training), once it has written its first checkpoint. The caller
+    removes the delay (`sim.shape()`)."""
+    sim.shape(delay=0.02)
+    job = start()
+    wait_for(lambda: checkpoints(run_dir) or job.proc.poll() is not None, 300,
+             "a first checkpoint")
+    assert job.proc.poll() is None, job.output[-3000:]
+    return job
+
+
+def stop_until_the_end(sim: SimHosts, job: Job, pids: Sequence[int]) -> float:
+    """SIGSTOP `pids`, wait for the launcher to end (then SIGCONT them); when it was stopped
+    (monotonic time)."""
+    assert pids
+    try:
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        t0 = time.monotonic()
+        job.finish()
+    finally:
+        sim.shape()
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except OSError:
+                pass
+    return t0
+
+
+def cut_until_the_end(sim: SimHosts, host: Host, job: Job) -> tuple:
+    """Take `host`'s link down, wait for the launcher and then every job process on every host
+    to end; (when it was cut, when the last process ended), monotonic times."""
+    try:
+        host.cut()
+        cut = time.monotonic()
+        job.finish()
+        wait_for(lambda: not job_processes(sim), 60, "every job process to end")
+        return cut, time.monotonic()
+    finally:
+        sim.shape()
+        host.restore()
+
+
+def processes_running(host: Host, text: str) -> List[int]:
+    """The processes of `host` whose command line contains `text`."""
+    return [p for p in host.job_processes() if text in _cmdline(p)]

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from types import SimpleNamespace
 
 import pytest
 
-from hostjobs import (POPXL_RUN, PY, Job, Outsider, checkpoints, clean_env, digest, got_nothing,
-                      job_processes, main_job, reference_digest, reference_in_background,
-                      require_hosts, resume_here, step_ms, wait_for)
+from hostjobs import (POPXL_RUN, PY, Job, Outsider, at_first_checkpoint, clean_env,
+                      cut_until_the_end, digest, got_nothing, main_job, nothing_left,
+                      processes_running, reference_digest, reference_in_background,
+                      require_hosts, resume_here, step_ms, stop_until_the_end)
 from simhosts import SimHosts
 from test_backends import (HAVE_MPI, SUITE, assert_bitwise_equal, assert_suite_ok,
                            load_weights, local_weights)  # noqa: F401
@@ -59,14 +59,6 @@ def hosts(tmp_path_factory):
         yield Hosts(sim)
 
 
-def _nothing_left(hosts) -> None:
-    """No process of the job on any host (bounded wait: teardown takes a moment)."""
-    try:
-        wait_for(lambda: not job_processes(hosts.sim), 30, "every job process to end")
-    except AssertionError:
-        raise AssertionError(f"left on the hosts: {job_processes(hosts.sim)}") from None
-
-
 def _quiet(output: str) -> None:
     noise = [line for line in output.splitlines() if any(w in line for w in QUIET)]
     assert not noise, noise
@@ -83,7 +75,7 @@ def test_poprun_across_hosts_bitwise_and_quiet(hosts, dp_reference):
     assert "[1,0]<stdout>: Accuracy on test set:" in job.output
     _quiet(job.output)
     assert_dp_bitwise(out, dp_reference)
-    _nothing_left(hosts)
+    nothing_left(hosts.sim)
 
 
 def test_workers_across_hosts_bitwise_quiet_and_an_outsider_gets_nothing(hosts, local_weights):
@@ -102,7 +94,7 @@ def test_workers_across_hosts_bitwise_quiet_and_an_outsider_gets_nothing(hosts, 
            if not got_nothing(a.get(k, {"error": "not probed"}))]
     assert not bad, bad
     print(f"\noutsider: {len(answers)} listeners probed, each got nothing")
-    _nothing_left(hosts)
+    nothing_left(hosts.sim)
 
 
 def test_instances_from_a_hostfile_bitwise(hosts, dp_reference):
@@ -119,7 +111,7 @@ def test_instances_from_a_hostfile_bitwise(hosts, dp_reference):
     assert "[instance 0] Accuracy on test set:" in job.output
     _quiet(job.output)
     assert_dp_bitwise(out, dp_reference)
-    _nothing_left(hosts)
+    nothing_left(hosts.sim)
 
 
 def test_main_job_bitwise_with_and_without_delay_and_loss(hosts):
@@ -139,35 +131,25 @@ def test_main_job_bitwise_with_and_without_delay_and_loss(hosts):
     print(f"\nMPI, 2 hosts: one training step {step_ms(plain.output):.1f} ms; with 20 ms delay "
           f"and 1% loss {step_ms(slow.output):.1f} ms "
           f"({step_ms(slow.output) / step_ms(plain.output):.1f}x)")
-    _nothing_left(hosts)
+    nothing_left(hosts.sim)
 
 
-def _slow_job(hosts, name: str, **extra: str) -> tuple:
-    """The main job with 20 ms delay on every link (slow enough to hit mid-training), started
-    and run up to its first checkpoint."""
+def _faulty_job(hosts, name: str, **extra: str) -> tuple:
+    """The main job on h1 and h2, up to its first checkpoint (20 ms delay on every link)."""
     run_dir = f"{hosts.sim.shared}/{name}"
-    hosts.sim.shape(delay=0.02)
-    job = hosts.job("popxl_launch", "--backend", "mpi", "--workers", "2", *hosts.hosts,
-                    *main_job(run_dir, STEPS), **extra)
-    wait_for(lambda: checkpoints(run_dir) or job.proc.poll() is not None, 300,
-             "a first checkpoint")
-    assert job.proc.poll() is None, job.output[-3000:]
+    job = at_first_checkpoint(hosts.sim, run_dir, lambda: hosts.job(
+        "popxl_launch", "--backend", "mpi", "--workers", "2", *hosts.hosts,
+        *main_job(run_dir, STEPS), **extra))
     return job, run_dir
 
 
-def _ranks_on(host) -> list:
-    return [p for p in host.job_processes()
-            if "popxl_launch.mpi_main" in open(f"/proc/{p}/cmdline").read()]
-
-
-def test_a_hosts_processes_killed_is_named(hosts):
-    job, _ = _slow_job(hosts, "killed")
+def test_a_rank_killed_is_named(hosts):
+    job, _ = _faulty_job(hosts, "killed")
     try:
-        h2 = hosts.sim[1]
-        ranks = _ranks_on(h2)
-        assert ranks
-        # The job's ranks there (hydra's proxy, the process manager, lives: hydra does not
+        # the job's rank on h2 (hydra's proxy, the process manager, lives: hydra does not
         # survive the loss of a proxy, see docs/cluster.md)
+        ranks = processes_running(hosts.sim[1], "popxl_launch.mpi_main")
+        assert ranks
         for p in ranks:
             os.kill(p, signal.SIGKILL)
         job.finish()
@@ -182,52 +164,30 @@ def test_a_hosts_processes_killed_is_named(hosts):
             or "aborted by MPI after another rank died" in text), text[-3000:]
     print(f"\nMPI: a rank killed on h2: {'WorkerDied' if 'WorkerDied' in text else 'MPI abort'}; "
           f"named by its wrapper: {'worker 1 (MPI rank 1) on h2 was killed' in text}")
-    _nothing_left(hosts)
+    nothing_left(hosts.sim)
 
 
 def test_a_stopped_rank_times_out(hosts):
-    job, _ = _slow_job(hosts, "stopped", POPXL_COLLECTIVE_TIMEOUT="5")
-    victims = _ranks_on(hosts.sim[1])
-    try:
-        assert victims
-        for p in victims:
-            os.kill(p, signal.SIGSTOP)
-        t0 = time.monotonic()
-        job.finish()
-    finally:
-        hosts.sim.shape()
-        for p in victims:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except OSError:
-                pass
+    job, _ = _faulty_job(hosts, "stopped", POPXL_COLLECTIVE_TIMEOUT="5")
+    t0 = stop_until_the_end(hosts.sim, job,
+                            processes_running(hosts.sim[1], "popxl_launch.mpi_main"))
     assert job.code != 0
     assert "CollectiveTimeout" in job.output and "5 s" in job.output, job.output[-3000:]
-    print(f"\nMPI: a rank stopped: the launcher ended {job.ended - t0:.1f} s later "
-          f"(POPXL_COLLECTIVE_TIMEOUT=5)")
-    _nothing_left(hosts)
+    print(f"\nMPI: a rank stopped: the error {job.first('CollectiveTimeout') - t0:.1f} s later, "
+          f"the launcher ended {job.ended - t0:.1f} s (POPXL_COLLECTIVE_TIMEOUT=5)")
+    nothing_left(hosts.sim)
 
 
 def test_a_host_cut_off_is_named_nothing_is_left_and_the_run_resumes(hosts):
-    sim = hosts.sim
-    job, run_dir = _slow_job(hosts, "cut", POPXL_PEER_TIMEOUT=str(PEER_TIMEOUT))
-    try:
-        sim[1].cut()
-        cut = time.monotonic()
-        job.finish()
-        wait_for(lambda: not job_processes(sim), 60, "every job process to end")
-        gone = time.monotonic()
-    finally:
-        sim.shape()
-        sim[1].restore()
-    error = job.first("HostUnreachable")
-    assert job.code != 0
+    job, run_dir = _faulty_job(hosts, "cut", POPXL_PEER_TIMEOUT=str(PEER_TIMEOUT))
+    cut, gone = cut_until_the_end(hosts.sim, hosts.sim[1], job)
     text = job.output
+    assert job.code != 0
     assert "HostUnreachable: host h2 is unreachable" in text, text[-3000:]
     assert "worker 1 (MPI rank 1, pid" in text, text[-3000:]
     assert text.count("Traceback") == 1, text[-5000:]
-    print(f"\nMPI: h2 cut off: the error {error - cut:.1f} s later, the launcher gone "
-          f"{job.ended - cut:.1f} s, the last process of the job {gone - cut:.1f} s "
+    print(f"\nMPI: h2 cut off: the error {job.first('HostUnreachable') - cut:.1f} s later, the "
+          f"launcher gone {job.ended - cut:.1f} s, the last process of the job {gone - cut:.1f} s "
           f"(POPXL_PEER_TIMEOUT={PEER_TIMEOUT:g})")
     resumed = resume_here(run_dir, STEPS)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]

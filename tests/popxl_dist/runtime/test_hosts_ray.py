@@ -20,15 +20,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from types import SimpleNamespace
 
 import pytest
 
-from hostjobs import (POPXL_RUN, Job, Outsider, checkpoints, clean_env, digest, gcs_probe,
-                      got_nothing, job_processes, main_job, ray_token_env, reference_digest,
-                      reference_in_background, require_hosts, resume_here, start_ray_cluster,
-                      step_ms, wait_for)
+from hostjobs import (POPXL_RUN, Job, Outsider, at_first_checkpoint, clean_env,
+                      cut_until_the_end, digest, gcs_probe, got_nothing, job_processes,
+                      main_job, nothing_left, processes_running, ray_token_env,
+                      reference_digest, reference_in_background, require_hosts, resume_here,
+                      start_ray_cluster, step_ms, stop_until_the_end, wait_for)
 from simhosts import SimHosts
 from test_backends import (HAVE_RAY, SUITE, assert_bitwise_equal, assert_suite_ok,
                            load_weights, local_weights)  # noqa: F401
@@ -62,14 +62,6 @@ def cluster(tmp_path_factory):
         yield Cluster(sim, address, env)
 
 
-def _nothing_left(cluster) -> None:
-    """No process of the job on any host (bounded wait: teardown takes a moment)."""
-    try:
-        wait_for(lambda: not job_processes(cluster.sim), 30, "every job process to end")
-    except AssertionError:
-        raise AssertionError(f"left on the hosts: {job_processes(cluster.sim)}") from None
-
-
 def test_workers_on_every_host_bitwise_and_an_outsider_gets_nothing(cluster, local_weights):
     sim = cluster.sim
     stats, weights = f"{sim.shared}/stats.json", f"{sim.shared}/dp.npz"
@@ -95,7 +87,7 @@ def test_workers_on_every_host_bitwise_and_an_outsider_gets_nothing(cluster, loc
     if cluster.token:
         assert gcs_probe(sim[3], cluster.address, cluster.token) == "NODES"   # the control
     print(f"\noutsider: {len(answers)} listeners probed, each got nothing")
-    _nothing_left(cluster)
+    nothing_left(cluster.sim)
 
 
 def test_instances_on_two_hosts_bitwise(cluster, dp_reference):
@@ -117,7 +109,7 @@ def test_instances_on_two_hosts_bitwise(cluster, dp_reference):
     assert "[instance 0] Accuracy on test set:" in job.output
     assert sorted(seen) == ["h2", "h3"], seen
     assert_dp_bitwise(out, dp_reference)
-    _nothing_left(cluster)
+    nothing_left(cluster.sim)
 
 
 def test_main_job_bitwise_with_and_without_delay_and_loss(cluster):
@@ -136,31 +128,21 @@ def test_main_job_bitwise_with_and_without_delay_and_loss(cluster):
     print(f"\nRay, 3 hosts: one training step {step_ms(plain.output):.1f} ms; with 20 ms delay "
           f"and 1% loss {step_ms(slow.output):.1f} ms "
           f"({step_ms(slow.output) / step_ms(plain.output):.1f}x)")
-    _nothing_left(cluster)
+    nothing_left(cluster.sim)
 
 
-def _slow_job(cluster, name: str, **extra: str) -> tuple:
-    """The main job with 20 ms delay on every link (slow enough to hit mid-training), started
-    and run up to its first checkpoint."""
+def _faulty_job(cluster, name: str, **extra: str) -> tuple:
+    """The main job on the cluster, up to its first checkpoint (20 ms delay on every link)."""
     run_dir = f"{cluster.sim.shared}/{name}"
-    cluster.sim.shape(delay=0.02)
-    job = cluster.job("--backend", "ray", "--workers", "3", *main_job(run_dir, STEPS), **extra)
-    wait_for(lambda: checkpoints(run_dir) or job.proc.poll() is not None, 300,
-             "a first checkpoint")
-    assert job.proc.poll() is None, job.output[-3000:]
+    job = at_first_checkpoint(cluster.sim, run_dir, lambda: cluster.job(
+        "--backend", "ray", "--workers", "3", *main_job(run_dir, STEPS), **extra))
     return job, run_dir
 
 
-def _actors_on(host) -> list:
-    return [p for p in host.job_processes()
-            if "_ActorWorker" in open(f"/proc/{p}/cmdline").read()]
-
-
 def test_a_hosts_processes_killed_is_named(cluster):
-    job, _ = _slow_job(cluster, "killed")
+    job, _ = _faulty_job(cluster, "killed")
     try:
-        h3 = cluster.sim[2]
-        victims = _actors_on(h3)
+        victims = processes_running(cluster.sim[2], "_ActorWorker")
         assert victims
         for p in victims:
             os.kill(p, signal.SIGKILL)
@@ -169,52 +151,30 @@ def test_a_hosts_processes_killed_is_named(cluster):
         cluster.sim.shape()
     assert job.code != 0
     assert "WorkerDied" in job.output and "on h3) died" in job.output, job.output[-3000:]
-    _nothing_left(cluster)
+    nothing_left(cluster.sim)
 
 
 def test_a_stopped_worker_times_out(cluster):
-    job, _ = _slow_job(cluster, "stopped", POPXL_COLLECTIVE_TIMEOUT="5")
-    h2 = cluster.sim[1]
-    victims = _actors_on(h2)
-    try:
-        for p in victims:
-            os.kill(p, signal.SIGSTOP)
-        t0 = time.monotonic()
-        job.finish()
-    finally:
-        cluster.sim.shape()
-        for p in victims:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except OSError:
-                pass
+    job, _ = _faulty_job(cluster, "stopped", POPXL_COLLECTIVE_TIMEOUT="5")
+    t0 = stop_until_the_end(cluster.sim, job, processes_running(cluster.sim[1], "_ActorWorker"))
     assert job.code != 0
     assert "CollectiveTimeout" in job.output and "5 s" in job.output, job.output[-3000:]
     print(f"\nRay: a worker stopped: the error {job.first('CollectiveTimeout') - t0:.1f} s "
           f"later, the launcher ended {job.ended - t0:.1f} s (POPXL_COLLECTIVE_TIMEOUT=5)")
-    _nothing_left(cluster)
+    nothing_left(cluster.sim)
 
 
 def test_a_host_cut_off_is_named_nothing_is_left_and_the_run_resumes(cluster):
     """Last in the module: the cluster loses h3."""
-    sim = cluster.sim
-    job, run_dir = _slow_job(cluster, "cut", POPXL_PEER_TIMEOUT=str(PEER_TIMEOUT))
-    try:
-        sim[2].cut()
-        cut = time.monotonic()
-        job.finish()
-        wait_for(lambda: not job_processes(sim), 60, "every job process to end")
-        gone = time.monotonic()
-    finally:
-        sim.shape()
-    error = job.first("HostUnreachable")
-    assert job.code != 0
+    job, run_dir = _faulty_job(cluster, "cut", POPXL_PEER_TIMEOUT=str(PEER_TIMEOUT))
+    cut, gone = cut_until_the_end(cluster.sim, cluster.sim[2], job)
     text = job.output
+    assert job.code != 0
     assert "HostUnreachable: host h3 (" in text and "is unreachable" in text, text[-3000:]
     assert "on h3) on it is lost" in text, text[-3000:]
     assert text.count("Traceback") == 1, text[-5000:]
-    print(f"\nRay: h3 cut off: the error {error - cut:.1f} s later, the launcher gone "
-          f"{job.ended - cut:.1f} s, the last process of the job {gone - cut:.1f} s "
+    print(f"\nRay: h3 cut off: the error {job.first('HostUnreachable') - cut:.1f} s later, the "
+          f"launcher gone {job.ended - cut:.1f} s, the last process of the job {gone - cut:.1f} s "
           f"(POPXL_PEER_TIMEOUT={PEER_TIMEOUT:g})")
     resumed = resume_here(run_dir, STEPS)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
