@@ -53,13 +53,14 @@ def _host_launch(ns: argparse.Namespace, n: int, what: str) -> Tuple[Optional[Ho
     what is wrong with them (one line naming the option; empty when nothing is)."""
     if ns.hosts and ns.hostfile:
         return None, "give --hosts or --hostfile, not both"
-    if not (ns.hosts or ns.hostfile):
+    hostfile = ns.hostfile or (os.environ.get("HYDRA_HOST_FILE", "") if not ns.hosts else "")
+    if not (ns.hosts or hostfile):
         return None, "--remote-exec needs --hosts or --hostfile" if ns.remote_exec else ""
     if ns.backend != "mpi":
         return None, ("--hosts / --hostfile place MPI ranks (--backend mpi); the Ray backend "
                       "places its workers on the cluster at POPXL_RAY_ADDRESS")
     try:
-        specs = parse_hosts(",".join(ns.hosts)) if ns.hosts else read_hostfile(ns.hostfile)
+        specs = parse_hosts(",".join(ns.hosts)) if ns.hosts else read_hostfile(hostfile)
         return HostLaunch(place(n, specs, what), remote_exec_path(ns.remote_exec),
                           tuple(specs)), ""
     except ValueError as e:
@@ -164,7 +165,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="mpi: run the ranks on these hosts, in blocks (slots :N say how many "
                         "on each); the first must be this machine for --workers")
     p.add_argument("--hostfile", metavar="FILE",
-                   help="mpi: the hosts, one `host[:slots]` a line (hydra's format)")
+                   help="mpi: the hosts, one `host[:slots]` a line (hydra's format; default: "
+                        "$HYDRA_HOST_FILE)")
     p.add_argument("--remote-exec", metavar="CMD",
                    help="with --hosts: the command that starts processes on another host, "
                         "called as `CMD HOST COMMAND...` (default: ssh)")

@@ -52,9 +52,20 @@ def test_this_host_is_recognised():
     assert not is_this_host("no-such-host.invalid")
 
 
-def _popxl_run(*args: str) -> subprocess.CompletedProcess:
+def _popxl_run(*args: str, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "popxl_launch", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
+
+
+def test_hydras_own_hostfile_variable_is_honoured(tmp_path):
+    """(hydra's HYDRA_HOST_FILE used to be ignored: gforker ran every rank on this host)"""
+    import os
+
+    path = tmp_path / "hosts"
+    path.write_text("no-such-host.invalid\nb\n")
+    res = _popxl_run("--backend", "mpi", "--workers", "2", "script.py",
+                     env={**os.environ, "HYDRA_HOST_FILE": str(path)})
+    assert res.returncode == 2 and "(no-such-host.invalid) must be this machine" in res.stderr
 
 
 @pytest.mark.parametrize("args, message", [
