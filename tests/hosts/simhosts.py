@@ -4,7 +4,7 @@ across hosts, partitions, latency, outsiders).
 A host is a process (its "init", `sleep`) holding new network, UTS and mount namespaces:
 
 * its own address on a private /24 chosen for the fixture, on a veth pair whose other end is
-  a port of the fixture's switch (`switch.py`: a user-space switch, which can delay and drop
+  a port of the fixture's switch (`simswitch.py`: a user-space switch, which can delay and drop
   frames; this kernel has no netem);
 * its own name (`h1`, `h2`, ...: what `hostname` / `socket.gethostname()` say there), and
   names that resolve: every host's `/etc/hosts` lists every host of the fixture;
@@ -306,7 +306,7 @@ class SimHosts:
         for h in self.hosts:
             h._start()
         self.switch = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "switch.py"), *(h.link for h in self.hosts)],
+            [sys.executable, os.path.join(HERE, "simswitch.py"), *(h.link for h in self.hosts)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             preexec_fn=_die_with_parent)
         if self.switch.stdout.readline().strip() != "ready":

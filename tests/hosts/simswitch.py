@@ -1,7 +1,7 @@
 """The simulated hosts' network: a user-space Ethernet switch between their links, which can
 delay and drop frames (this machine's kernel has no `netem` qdisc to do it).
 
-    python switch.py IFACE [IFACE ...]
+    python simswitch.py IFACE [IFACE ...]
 
 It opens a raw packet socket on each interface (the switch-side ends of the hosts' veth pairs),
 learns which port each MAC address is behind, and forwards every frame a host sends to the port
