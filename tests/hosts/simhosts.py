@@ -21,7 +21,10 @@ A host is a process (its "init", `sleep`) holding new network, UTS and mount nam
 
 Everything has names with the fixture's unique prefix, and `close()` (always called: a context
 manager) kills every process in every host's network namespace, deletes the links and
-namespace names, stops the switch and removes the fixture's folder. Every wait is bounded.
+namespace names, stops the switch and removes the fixture's folder. A fixture whose process
+was killed outright (no `close()`) loses its hosts' processes with it (they die with their
+parent); the next fixture removes its names and folder (registered in /run/simhosts). Every
+wait is bounded.
 Only namespaces and links the fixture made are ever touched; traffic goes only between them.
 
 `SimHosts.unavailable()` says why the machine cannot run them (not root, no `ip`, no
@@ -51,6 +54,7 @@ __all__ = ["SimHosts", "Host", "HOST_LIFETIME"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOST_LIFETIME = 3600            # seconds a host's init lives at most (if nobody closes it)
+REGISTRY = "/run/simhosts"      # one file per live fixture: its prefix -> creator pid, folder
 _LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _INIT = r"""
 set -e
@@ -101,6 +105,44 @@ def _net_ns(pid: int) -> str:
         return os.readlink(f"/proc/{pid}/ns/net")
     except OSError:
         return ""
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _reap_stale() -> None:
+    """Remove what fixtures whose process ended without closing them left (killed outright:
+    their hosts' processes died with them, their namespace names, links and folder remain):
+    only names of fixtures registered here."""
+    try:
+        entries = os.listdir(REGISTRY)
+    except OSError:
+        return
+    netns = _ip("netns", "list", check=False).split()
+    links = [line.split(": ")[1].split("@")[0] for line in
+             _ip("-o", "link", check=False).splitlines() if ": " in line]
+    for prefix in entries:
+        path = os.path.join(REGISTRY, prefix)
+        try:
+            with open(path) as f:
+                pid, start, folder = f.read().split()
+        except (OSError, ValueError):
+            continue
+        if _start_time(int(pid)) == start:
+            continue                                  # its creator still runs
+        for name in netns:
+            if name.startswith(prefix + "-"):
+                _ip("netns", "delete", name, check=False)
+        for name in links:
+            if name.startswith(prefix):
+                _ip("link", "delete", name, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.unlink(path)
 
 
 def _die_with_parent() -> None:
@@ -298,6 +340,10 @@ class SimHosts:
         self.close()
 
     def _start(self) -> None:
+        _reap_stale()
+        os.makedirs(REGISTRY, exist_ok=True)
+        with open(os.path.join(REGISTRY, self.prefix), "w") as f:
+            f.write(f"{os.getpid()} {_start_time(os.getpid())} {self.dir}\n")
         os.makedirs(self.shared)
         with open(self.hosts_file, "w") as f:
             f.write("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
@@ -364,5 +410,9 @@ class SimHosts:
             self.switch.stdout.close()
             self.switch = None
         shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            os.unlink(os.path.join(REGISTRY, self.prefix))
+        except OSError:
+            pass
         if errors:
             raise RuntimeError(f"simulated hosts teardown: {errors}")
