@@ -161,3 +161,31 @@ def test_unavailable_says_why_when_not_root(monkeypatch):
     assert "root" in SimHosts.unavailable()
     with pytest.raises(ValueError, match="1 to 250 hosts"):
         SimHosts(0, "/tmp")
+
+
+HOLDER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import simhosts
+sim = simhosts.SimHosts(2, sys.argv[2]).__enter__()
+print(sim.prefix, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_fixture_killed_outright_is_cleaned_up_by_the_next(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, os.path.dirname(__file__),
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        prefix = holder.stdout.readline().strip()
+        assert prefix.startswith("px")
+    finally:
+        holder.kill()                    # no close(): its hosts die with it, names remain
+        holder.wait()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix in netns
+    with SimHosts(1, str(tmp_path)):
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert prefix not in netns and prefix not in links
+        assert not [d for d in os.listdir(tmp_path) if d.endswith(prefix[2:])]
