@@ -8,9 +8,13 @@
    per `session.run`, against a bare mpi4py `Allreduce` between the same 2 ranks;
 3. per-`session.run` overhead of each backend for a tiny program (host_load, add, host_store);
 4. Ray against MPI in the same run: run overhead, all-reduce bandwidth and data-parallel MLP
-   samples/s with 2 workers each, the sub-runs alternating (`--ray` runs only this part).
+   samples/s with 2 workers each, the sub-runs alternating (`--ray` runs only this part);
+5. across hosts (`--hosts`, root only: simulated hosts, tests/hosts/simhosts.py): all-reduce of
+   4 KiB to 64 MiB over 2 and 3 hosts, Ray links against MPI (hydra over TCP), with and without
+   20 ms of added delay; an alpha-beta cost model fitted to it and its projection for 16 and 64
+   hosts (`benchmarks/replication_hosts.py`; `--markdown` prints the tables as Markdown).
 
-    python benchmarks/bench_replication.py [--quick] [--ray]
+    python benchmarks/bench_replication.py [--quick] [--ray] [--hosts [--markdown]]
 
 The orchestrator launches sub-runs of this script in worker mode (`--part dp|allreduce|overhead`
 under `python -m popxl_launch`, `--part bare_allreduce` under `mpiexec -n 2`) and reads the JSON
@@ -145,6 +149,48 @@ def part_allreduce(args) -> None:
             empty_us.append((time.perf_counter() - t0) / args.empty_iters * 1e6)
     emit({"part": "allreduce", **where(), "elements": args.elements, "correct": ok,
           "run_ms": ar_ms, "empty_us": empty_us})
+
+
+def part_allreduce_sizes(args) -> None:
+    """Milliseconds per all-reduce (mean) of each of `--sizes` bytes of float32 over all the
+    workers' replicas (one per worker): `--chain` all-reduces in a row per `session.run`, each
+    reading the previous one's result (so none overlaps another), against an empty program
+    (the run's own round trip, subtracted by the orchestrator). Run with
+    POPXL_BATCH_COLLECTIVES=0."""
+    import popxl
+    from popxl import ops
+
+    R = int(os.environ.get("POPXL_WORKERS", "1") or 1)
+    ir_empty = popxl.Ir(replication=R)
+    with ir_empty.main_graph:
+        popxl.variable(np.zeros(4, np.float32), name="unused")
+    runs, ok = {}, True
+    with popxl.Session(ir_empty, "ipu_hw") as empty:
+        for _ in range(args.warmup):
+            empty.run()
+        t0 = time.perf_counter()
+        for _ in range(args.empty_iters):
+            empty.run()
+        empty_ms = (time.perf_counter() - t0) / args.empty_iters * 1e3
+    for nbytes in (int(x) for x in args.sizes.split(",")):
+        ir = popxl.Ir(replication=R)
+        with ir.main_graph:
+            w = popxl.variable(np.ones(nbytes // 4, np.float32), name="w")
+            for _ in range(args.chain):
+                ops.collectives.replicated_all_reduce_(w, op="mean")
+        with popxl.Session(ir, "ipu_hw") as sess:
+            sess.run()
+            ok = ok and bool(np.all(sess.get_tensor_data(w) == 1.0))
+            iters = max(2, min(args.iters, int(args.budget_mb * 1e6 / nbytes / args.chain)))
+            times = []
+            for _ in range(args.rounds):
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    sess.run()
+                times.append(((time.perf_counter() - t0) / iters * 1e3 - empty_ms) / args.chain)
+        runs[nbytes] = times
+    emit({"part": "allreduce_sizes", **where(), "correct": ok, "empty_ms": empty_ms,
+          "chain": args.chain, "allreduce_ms": {str(k): v for k, v in runs.items()}})
 
 
 def part_bare_allreduce(args) -> None:
@@ -470,8 +516,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer rounds, no ray")
     p.add_argument("--ray", action="store_true",
                    help="only part 4, Ray against MPI (with --quick: fewer rounds)")
-    p.add_argument("--part", choices=("dp", "allreduce", "bare_allreduce", "overhead"),
+    p.add_argument("--hosts", action="store_true",
+                   help="only part 5: all-reduce across simulated hosts (root)")
+    p.add_argument("--markdown", action="store_true", help="--hosts: tables as Markdown")
+    p.add_argument("--part", choices=("dp", "allreduce", "bare_allreduce", "overhead",
+                                      "allreduce_sizes"),
                    help="worker mode (used by the sub-runs)")
+    p.add_argument("--sizes", default="4096", help="allreduce_sizes: bytes, comma-separated")
+    p.add_argument("--chain", type=int, default=8,
+                   help="allreduce_sizes: all-reduces in a row per run")
+    p.add_argument("--budget-mb", type=float, default=256.0,
+                   help="allreduce_sizes: bytes reduced per round at most (fewer iterations "
+                        "for large sizes)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--variants", default="ar", help="dp: 'ar' (all-reduce) and/or 'noar'")
     p.add_argument("--steps", type=int, default=30)
@@ -482,7 +538,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--elements", type=int, default=AR_ELEMENTS)
     args = p.parse_args(argv)
     parts = {"dp": part_dp, "allreduce": part_allreduce, "bare_allreduce": part_bare_allreduce,
-             "overhead": part_overhead}
+             "overhead": part_overhead, "allreduce_sizes": part_allreduce_sizes}
+    if args.hosts and args.part is None:
+        from replication_hosts import run_hosts_part
+
+        return run_hosts_part(SCRIPT, quick=args.quick, markdown=args.markdown)
     if args.part is None:
         return orchestrate(args.quick, args.ray)
     parts[args.part](args)

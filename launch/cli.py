@@ -7,6 +7,9 @@ Runs an unchanged PopXL script with its replicas placed by the chosen backend: i
 code is the script's. A YAML target is the built-in job (`popxl_launch.job`): checked here
 (bad input exits 2 before anything starts), then run on the host, which is MPI rank 0 for mpi.
 
+`--hosts h1,h2` (or `--hostfile FILE`, and `--remote-exec CMD`, default ssh) runs the MPI ranks
+on several hosts under hydra, in blocks (see `hosts.py`).
+
 `popxl-run --backend mpi|ray --instances N [--replicas R] script.py [args...]` runs the script N
 times instead, as popdist instances (like `poprun`): MPI ranks or Ray actors, each with its share of
 the R global replicas (default R = N) for `Ir(replication="popdist")`; output lines are prefixed
@@ -17,17 +20,51 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
-from .mpiexec import RANK_WRAPPER, find_gforker, find_mpiexec, install_hint, one_node_env
+from .hosts import (hydra_host_args, is_this_host, parse_hosts, place, read_hostfile,
+                    remote_exec_path)
+from .mpiexec import (HOSTS_RANK_WRAPPER, RANK_WRAPPER, across_hosts_env, find_gforker,
+                      find_mpiexec, install_hint, one_node_env)
 from .supervise import run_job
 
 __all__ = ["main", "find_mpiexec", "missing_backend", "crowding_note"]
 
 BACKENDS = ("local", "mpi", "ray")
+
+
+@dataclass(frozen=True)
+class HostLaunch:
+    """Where the processes of an MPI launch across hosts run, and how hydra reaches the
+    hosts (`--hosts` / `--hostfile`, `--remote-exec`)."""
+
+    placement: Sequence[str]             # the host of each process
+    remote_exec: Optional[str] = None    # hydra's default (ssh) when None
+    specs: Sequence[tuple] = ()          # the hosts as given, (name, slots or None)
+
+
+def _host_launch(ns: argparse.Namespace, n: int, what: str) -> Tuple[Optional[HostLaunch], str]:
+    """The hosts named by `--hosts` / `--hostfile` for `n` processes (None without them), and
+    what is wrong with them (one line naming the option; empty when nothing is)."""
+    if ns.hosts and ns.hostfile:
+        return None, "give --hosts or --hostfile, not both"
+    hostfile = ns.hostfile or (os.environ.get("HYDRA_HOST_FILE", "") if not ns.hosts else "")
+    if not (ns.hosts or hostfile):
+        return None, "--remote-exec needs --hosts or --hostfile" if ns.remote_exec else ""
+    if ns.backend != "mpi":
+        return None, ("--hosts / --hostfile place MPI ranks (--backend mpi); the Ray backend "
+                      "places its workers on the cluster at POPXL_RAY_ADDRESS")
+    try:
+        specs = parse_hosts(",".join(ns.hosts)) if ns.hosts else read_hostfile(hostfile)
+        return HostLaunch(place(n, specs, what), remote_exec_path(ns.remote_exec),
+                          tuple(specs)), ""
+    except ValueError as e:
+        return None, str(e)
 
 
 def missing_backend(backend: str) -> Optional[str]:
@@ -50,11 +87,12 @@ def missing_backend(backend: str) -> Optional[str]:
     return None
 
 
-def _run_mpi(workers: int, target: str, args: List[str]) -> int:
+def _run_mpi(workers: int, target: str, args: List[str],
+             hosts: Optional[HostLaunch] = None) -> int:
     """W ranks of the MPI entry point under MPICH's gforker (one node, no network listener;
-    hydra where gforker is missing). Rank 0 (the host script) writes straight to our
-    stdout/stderr through inherited descriptors and reports the script's exit code through a
-    file."""
+    hydra where gforker is missing, or across `hosts`). Rank 0 (the host script, on this
+    machine) writes straight to our stdout/stderr through inherited descriptors and reports the
+    script's exit code through a file."""
     sys.stdout.flush()
     sys.stderr.flush()
     fds = (os.dup(1), os.dup(2))
@@ -68,13 +106,21 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
         # that oversubscribes the cores (27 s instead of 4 s for the data-parallel example).
         # Changing the spin time, unlike the thread count, keeps every result's bits.
         env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-        env = one_node_env(env)
-        gforker = find_gforker()
-        manager = [gforker] if gforker else [find_mpiexec(), "-disable-auto-cleanup"]
-        cmd = [*manager, "-n", str(workers), "sh", "-c", RANK_WRAPPER, "sh", sys.executable,
+        gforker = None if hosts else find_gforker()
+        if hosts:
+            env = across_hosts_env(env)
+            manager = [find_mpiexec(), "-disable-auto-cleanup",
+                       *hydra_host_args(hosts.placement, hosts.remote_exec)]
+        else:
+            env = one_node_env(env)
+            manager = [gforker] if gforker else [find_mpiexec(), "-disable-auto-cleanup"]
+        wrapper = HOSTS_RANK_WRAPPER if hosts else RANK_WRAPPER
+        cmd = [*manager, "-n", str(workers), "sh", "-c", wrapper, "sh", sys.executable,
                "-m", "popxl_launch.mpi_main", target, *args]
         try:
-            code = run_job(cmd, env, pass_fds=fds)
+            # Across hosts, once the script has ended the job is given a few seconds to end:
+            # hydra waits for ever for the processes of a host that stopped answering.
+            code = run_job(cmd, env, pass_fds=fds, done_file=exit_file if hosts else None)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -83,8 +129,10 @@ def _run_mpi(workers: int, target: str, args: List[str]) -> int:
                 return int(f.read().strip())
         except (OSError, ValueError):
             if code < 128:      # (not stopped by a signal to popxl-run: it knows why)
+                why = ("killed, or aborted by MPI after another rank died: MPICH cannot "
+                       "outlive a peer's death across hosts" if hosts else "killed?")
                 print(f"popxl-run: the host (MPI rank 0, the script) ended without an exit "
-                      f"code (killed?); mpiexec exited with {code}", file=sys.stderr)
+                      f"code ({why}); mpiexec exited with {code}", file=sys.stderr)
             return code or 1
 
 
@@ -113,6 +161,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="run the script as this many popdist instances (mpi or ray)")
     p.add_argument("--replicas", type=int, default=None,
                    help="global replicas of the instances (default: one per instance)")
+    p.add_argument("--hosts", action="append", default=[], metavar="H1,H2|H1:N,H2:M",
+                   help="mpi: run the ranks on these hosts, in blocks (slots :N say how many "
+                        "on each); the first must be this machine for --workers")
+    p.add_argument("--hostfile", metavar="FILE",
+                   help="mpi: the hosts, one `host[:slots]` a line (hydra's format; default: "
+                        "$HYDRA_HOST_FILE)")
+    p.add_argument("--remote-exec", metavar="CMD",
+                   help="with --hosts: the command that starts processes on another host, "
+                        "called as `CMD HOST COMMAND...` (default: ssh)")
     debug = p.add_argument_group("debugging (popxl-dist; see popxl.debug)")
     debug.add_argument("--debug-nans", action="store_true",
                        help="stop at the first op that makes a NaN or infinity "
@@ -153,13 +210,15 @@ def _run_instances(ns: argparse.Namespace) -> int:
                f"--replicas {replicas} is not divisible by --instances {n}"
                if replicas % n else "")
     problem = problem or _backend_problem(ns.backend)
+    hosts, problem = _host_launch(ns, n, "instances") if not problem else (None, problem)
     if problem:
         print(f"popxl-run: {problem}", file=sys.stderr)
         return 2
     if not os.path.isfile(ns.target):
         print(f"popxl-run: no such script: {ns.target}", file=sys.stderr)
         return 2
-    _print_crowding_note(ns.backend, n, "instances")
+    if hosts is None:
+        _print_crowding_note(ns.backend, n, "instances")
     from .instances import handle_ctrl_c
 
     handle_ctrl_c()
@@ -172,6 +231,10 @@ def _run_instances(ns: argparse.Namespace) -> int:
 
     launch = InstanceLaunch(num_instances=n, num_replicas=replicas, prefix=POPXL_RUN_PREFIX,
                             prog="popxl-run")
+    if hosts is not None:
+        launch.hosts = [h for h, _ in hosts.specs]
+        launch.slots = [k for _, k in hosts.specs] if hosts.specs[0][1] else []
+        launch.remote_exec = hosts.remote_exec
     return run_mpi_instances(launch, [sys.executable, ns.target, *ns.args])
 
 
@@ -214,7 +277,8 @@ def _backend_problem(backend: str) -> str:
     return f"--backend {backend}: {missing}" if missing else ""
 
 
-def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
+def _run_job(backend: str, workers: int, target: str, args: List[str],
+             hosts: Optional[HostLaunch] = None) -> int:
     """Check a YAML job here, then run it (on MPI rank 0 for mpi)."""
     if "numpy" not in sys.modules:
         # One BLAS thread per worker by default: W processes on few cores with several BLAS
@@ -229,12 +293,13 @@ def _run_job(backend: str, workers: int, target: str, args: List[str]) -> int:
     except ConfigError as e:
         print(f"popxl-run: {e}", file=sys.stderr)
         return 2
-    _print_crowding_note(backend, workers)
+    if hosts is None:
+        _print_crowding_note(backend, workers)
     if backend == "mpi":
         if not job.run_dir.resume:
             job.run_dir.reserve()           # the name chosen here, claimed before the launch
             args = [*args, "--run-dir", str(job.run_dir.path)]
-        return _run_mpi(workers, target, args)
+        return _run_mpi(workers, target, args, hosts)
     return run_job(job)
 
 
@@ -285,6 +350,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"popxl-run: --workers must be >= 1, got {workers}", file=sys.stderr)
         return 2
     problem = _backend_problem(ns.backend)
+    hosts, problem = _host_launch(ns, workers, "MPI ranks (--workers)") if not problem \
+        else (None, problem)
+    if hosts is not None and not is_this_host(hosts.placement[0]):
+        problem = (f"the first host ({hosts.placement[0]}) must be this machine "
+                   f"({socket.gethostname()}): MPI rank 0 runs the script here")
     if problem:
         print(f"popxl-run: {problem}", file=sys.stderr)
         return 2
@@ -292,10 +362,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.environ["POPXL_WORKERS"] = str(workers)
     _handle_ctrl_c()
     if _is_config(ns.target):
-        return _run_job(ns.backend, workers, ns.target, ns.args)
-    _print_crowding_note(ns.backend, workers)
+        return _run_job(ns.backend, workers, ns.target, ns.args, hosts)
+    if hosts is None:
+        _print_crowding_note(ns.backend, workers)
     if ns.backend == "mpi":
-        return _run_mpi(workers, ns.target, ns.args)
+        return _run_mpi(workers, ns.target, ns.args, hosts)
     from .scripts import run_script
 
     return run_script(ns.target, ns.args)

@@ -22,8 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .hosts import hydra_host_args, place
 from .instance_wrapper import read_exit_file
-from .mpiexec import EXIT_ZERO_ENV, find_gforker, find_mpiexec, gforker_takes, one_node_env
+from .mpiexec import (EXIT_ZERO_ENV, across_hosts_env, find_gforker, find_mpiexec,
+                      gforker_takes, one_node_env)
 from .output import POPRUN_PREFIX
 from .supervise import die_with_parent, kill_tree
 
@@ -36,7 +38,7 @@ FAIL_GRACE = 3.0          # seconds the other instances get to report a failure 
 _OMPI_FLAGS = {"--tag-output": None, "--allow-run-as-root": None, "--oversubscribe": None,
                "--report-bindings": None, "--display-map": None, "-q": None, "--quiet": None,
                "--timestamp-output": None}
-_OMPI_VALUED = {"--bind-to": "-bind-to", "--map-by": "-map-by", "--mca": None,
+_OMPI_VALUED = {"--bind-to": "-bind-to", "--map-by": "-map-by",
                 "--output-filename": None, "-wdir": "-wdir", "--wdir": "-wdir"}
 
 
@@ -48,6 +50,8 @@ class InstanceLaunch:
     num_replicas: int
     ipus_per_replica: int = 1
     hosts: Sequence[str] = ()
+    slots: Sequence[int] = ()          # instances on each host (default: as many on each)
+    remote_exec: Optional[str] = None  # how hydra starts processes on other hosts (ssh)
     mpi_global_args: Sequence[str] = ()
     mpi_local_args: Sequence[str] = ()
     instance_mpi_local_args: Dict[int, List[str]] = field(default_factory=dict)
@@ -68,9 +72,10 @@ class InstanceLaunch:
         if self.num_replicas % self.num_instances:
             raise ValueError(f"--num-replicas {self.num_replicas} is not divisible by "
                              f"--num-instances {self.num_instances}")
-        if self.hosts and self.num_instances % len(self.hosts):
+        if self.hosts and not self.slots and self.num_instances % len(self.hosts):
             raise ValueError(f"--num-instances {self.num_instances} is not divisible by the "
                              f"{len(self.hosts)} hosts {list(self.hosts)}")
+        self.placement()
         if self.only_output_from is not None and not \
                 0 <= self.only_output_from < self.num_instances:
             raise ValueError(f"--only-output-from-instance {self.only_output_from} is not an "
@@ -80,22 +85,31 @@ class InstanceLaunch:
             raise ValueError(f"--instance-mpi-local-args names instance(s) {bad} outside "
                              f"0..{self.num_instances - 1}")
 
+    def placement(self) -> List[str]:
+        """The host of each instance (blocks, in host order); empty on this host alone."""
+        if not self.hosts:
+            return []
+        specs = list(zip(self.hosts, self.slots)) if self.slots else \
+            [(h, None) for h in self.hosts]
+        return place(self.num_instances, specs, "instances")
+
     def host_of(self, instance: int) -> str:
-        hosts = list(self.hosts) or [socket.gethostname()]
-        return hosts[instance // (self.num_instances // len(hosts))]
+        return (self.placement() or [socket.gethostname()] * self.num_instances)[instance]
 
     def local_index(self, instance: int) -> int:
-        return instance % (self.num_instances // max(1, len(self.hosts)))
+        plan = self.placement()
+        return plan[:instance].count(plan[instance]) if plan else instance
 
 
 def topology_table(launch: InstanceLaunch, num_ilds: int = 1) -> str:
     """poprun's `--print-topology yes` table: hosts, IPU-link domains, instances and replicas,
     each cell spanning the replicas it holds."""
     R, N = launch.num_replicas, launch.num_instances
-    hosts = list(launch.hosts) or ["localhost"]
+    plan = launch.placement() or ["localhost"] * N
+    hosts = list(dict.fromkeys(plan))
     title = "poprun topology"
     label = len("instances") + 2
-    rows = [("hosts", [(h, N // len(hosts) * launch.local_replicas) for h in hosts]),
+    rows = [("hosts", [(h, plan.count(h) * launch.local_replicas) for h in hosts]),
             ("ILDs", [(str(i), R // num_ilds) for i in range(num_ilds)]),
             ("instances", [(str(i), launch.local_replicas) for i in range(N)]),
             ("replicas", [(str(r), 1) for r in range(R)])]
@@ -125,7 +139,9 @@ def topology_table(launch: InstanceLaunch, num_ilds: int = 1) -> str:
 def translate_mpi_args(args: Sequence[str], local: bool) -> Tuple[List[str], List[str]]:
     """Open MPI options (as poprun passes them to `mpirun`) as MPICH hydra options, and notes
     about the ones dropped. `-x NAME=VALUE` sets a variable; `-x NAME` is dropped because hydra
-    passes the whole environment. Other options pass through unchanged."""
+    passes the whole environment; `--mca plm_rsh_agent CMD` (Open MPI's remote-exec command)
+    becomes hydra's `-launcher ssh -launcher-exec CMD`. Other options pass through
+    unchanged."""
     out: List[str] = []
     notes: List[str] = []
     setenv = "-env" if local else "-genv"
@@ -136,6 +152,15 @@ def translate_mpi_args(args: Sequence[str], local: bool) -> Tuple[List[str], Lis
             if "=" in spec:
                 name, value = spec.split("=", 1)
                 out += [setenv, name, value]
+            continue
+        if a == "--mca" or a.startswith("--mca="):
+            words = a[len("--mca="):].split(None, 1) if "=" in a else []
+            name = words[0] if words else next(it, "")
+            value = words[1] if len(words) > 1 else next(it, "")
+            if name == "plm_rsh_agent" and value:
+                out += ["-launcher", "ssh", "-launcher-exec", value]
+            else:
+                notes.append(f"ignoring Open MPI option --mca {name} {value}".rstrip())
             continue
         if a in _OMPI_FLAGS:
             notes.append(f"ignoring Open MPI option {a} (popxl-dist runs MPICH's mpiexec)")
@@ -176,8 +201,7 @@ def _mpiexec_command(launch: InstanceLaunch, cmd: Sequence[str]) -> Tuple[List[s
     else:
         full = [find_mpiexec(), "-disable-auto-cleanup"]
     if launch.hosts:
-        ppn = launch.num_instances // len(launch.hosts)
-        full += ["-hosts", ",".join(f"{h}:{ppn}" for h in launch.hosts)]
+        full += hydra_host_args(launch.placement(), launch.remote_exec)
     full += global_args
     wrapper = [sys.executable, "-m", "popxl_launch.instance_wrapper", *cmd]
     for i in range(launch.num_instances):
@@ -254,8 +278,7 @@ def run_mpi_instances(launch: InstanceLaunch, cmd: Sequence[str]) -> int:
         for note in notes:
             print(f"{launch.prog}: {note}", file=sys.stderr, flush=True)
         env = _instance_env(launch, exit_dir, fds)
-        if not launch.hosts:
-            env = one_node_env(env)
+        env = across_hosts_env(env) if launch.hosts else one_node_env(env)
         try:
             # mpiexec (and so every rank) is stopped when the launcher dies, even by SIGKILL.
             preexec = die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None

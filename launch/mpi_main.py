@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 
 
 def _use_host_stdio() -> None:
@@ -23,6 +24,18 @@ def _report_exit(code: int) -> None:
     if path:
         with open(path, "w") as f:
             f.write(str(code))
+
+
+def _report_abandoned() -> None:
+    """Tell popxl-run not to wait for the rest of the job (`POPXL_EXIT_FILE` + ".abandoned"):
+    this process ends without MPI_Finalize, and across hosts mpiexec would wait for ever for a
+    host that stopped answering."""
+    path = os.environ.get("POPXL_EXIT_FILE", "")
+    if path:
+        try:
+            open(path + ".abandoned", "w").close()
+        except OSError:
+            pass
 
 
 def _ignore_exit_notices() -> None:
@@ -56,12 +69,14 @@ def main() -> int:
         _ignore_exit_notices()
         if not ok:
             # MPI cannot finalise with a stuck or dead worker: end every rank here (after
-            # Ctrl-C that is expected, and the script already said it was interrupted).
-            if not pool.interrupted:
+            # Ctrl-C that is expected, and the script already said it was interrupted; a
+            # failure the script was told of is not said twice).
+            if not pool.interrupted and not pool.reported:
                 print(f"popxl-run: the MPI worker pool is broken ({pool.broken}); stopping "
                       f"every rank", file=sys.stderr, flush=True)
             pool.kill_workers()
             _flush_quietly()
+            _report_abandoned()
             os._exit(code or 1)
     return code
 
@@ -71,7 +86,11 @@ def _run_target(target: str, args, workers: int) -> int:
     if target.endswith((".yaml", ".yml")):
         from .job.run import main as job_main
 
-        return job_main([target, *args], "mpi", workers)
+        try:
+            return job_main([target, *args], "mpi", workers)
+        except Exception:  # noqa: BLE001 - reported as the interpreter would, before the
+            traceback.print_exc()      # shutdown (which may have to end the process at once)
+            return 1
     from .scripts import run_script
 
     return run_script(target, args)

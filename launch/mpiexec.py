@@ -14,6 +14,12 @@ installs both beside this Python).
 * Several nodes (`poprun --host`), or MPI options only hydra knows: hydra (`mpiexec`). Its
   control port listens on every interface (the proxies on the other nodes connect back to it),
   unauthenticated: a multi-node MPI job is as private as the network between its nodes.
+  Between nodes MPICH talks TCP through libfabric's `sockets` provider (`across_hosts_env`):
+  with the UCX netmod a rank whose TCP peer dies crashes (SIGSEGV), and libfabric's `tcp`
+  provider hangs in the next call; the sockets provider returns an error for a call towards
+  the dead peer, which the runtime reports as its death, but still aborts a rank that had a
+  message in flight to it (an error MPICH takes as fatal), so the rank wrapper names a rank
+  killed by a signal and its host (`HOSTS_RANK_WRAPPER`).
 
 """
 from __future__ import annotations
@@ -23,8 +29,8 @@ import shutil
 import sys
 from typing import List, Optional, Sequence
 
-__all__ = ["install_hint", "find_mpiexec", "find_gforker", "gforker_takes", "one_node_env", "RANK_WRAPPER",
-           "EXIT_ZERO_ENV"]
+__all__ = ["install_hint", "find_mpiexec", "find_gforker", "gforker_takes", "one_node_env",
+           "across_hosts_env", "RANK_WRAPPER", "HOSTS_RANK_WRAPPER", "EXIT_ZERO_ENV"]
 
 # Set for ranks under gforker: their wrapper exits 0 whatever the command's exit code.
 EXIT_ZERO_ENV = "POPXL_RANK_EXIT_ZERO"
@@ -34,6 +40,12 @@ EXIT_ZERO_ENV = "POPXL_RANK_EXIT_ZERO"
 # manager's SIGINT / SIGQUIT caught (a trap, not an ignore: the command keeps the default
 # actions and gets a terminal's Ctrl-C itself), hydra's SIGUSR1 exit notices ignored.
 RANK_WRAPPER = 'trap "" USR1; trap : INT QUIT; "$@"; exit 0'
+
+# The same across hosts, where MPICH cannot outlive a dead peer (the ranks with messages in
+# flight to it abort): a rank ended by a signal is named, with its host, before that happens.
+HOSTS_RANK_WRAPPER = ('trap "" USR1; trap : INT QUIT; "$@"; code=$?; if [ $code -gt 128 ]; then '
+                      'echo "popxl-run: worker $PMI_RANK (MPI rank $PMI_RANK) on $(hostname) '
+                      'was killed by signal $((code - 128))" >&2; fi; exit 0')
 
 # gforker's options, with the number of values each takes.
 _GFORKER_OPTIONS = {"-genv": 2, "-env": 2, "-wdir": 1, "-genvlist": 1, "-envlist": 1,
@@ -47,6 +59,17 @@ def one_node_env(env: dict) -> dict:
     out = dict(env)
     out.setdefault("UCX_TLS", "self,sm")
     out.setdefault("FI_PROVIDER", "shm")
+    return out
+
+
+def across_hosts_env(env: dict) -> dict:
+    """`env` for ranks on several hosts: MPICH's libfabric netmod with its `sockets` provider
+    (a peer that dies is an error MPI returns, not a crash or a hang). Settings the user made
+    win."""
+    out = dict(env)
+    if "MPIR_CVAR_CH4_NETMOD" not in out and "FI_PROVIDER" not in out:
+        out["MPIR_CVAR_CH4_NETMOD"] = "ofi"
+        out["FI_PROVIDER"] = "sockets"
     return out
 
 

@@ -78,6 +78,7 @@ class _InstanceActor:
         node, ip = _node_and_ip()
         self.index, self.size = index, size
         self.endpoint = Endpoint(index, timeout)
+        self.endpoint.what = "Ray actor"
         use_shm = use_shm and shm_supported()
         self.mesh = MeshMember(self.endpoint, job, token, size + 1, node, ip, use_shm,
                                listen_address(spans, use_shm, ip))
@@ -98,21 +99,40 @@ class _InstanceActor:
 
         from .scripts import run_script
 
+        from popxl.runtime.liveness import Watchdog
+
         self.mesh.finish()
+        host = self.endpoint.procs.get(self.size, ("?", 0))[0]
         uplink = Uplink(self.endpoint.detach_link(self.size))    # the launcher is member N
         set_current_group(LinkInstanceGroup(self.index, self.size, self.endpoint, uplink))
         os.chdir(cwd)
+        # A launcher that became unreachable can neither print this instance's output nor stop
+        # it (and Ray cannot tell an actor on a host cut off from the cluster that its job
+        # ended): the instance ends itself.
+        watch = Watchdog(lambda: _launcher_lost(self.index, uplink.link, host),
+                         name="popxl-instance-watchdog")
         forward = _ForwardOutput(uplink)
         failures: List[BaseException] = []
         try:
             code = run_script(target, args, on_exception=failures.append)
         finally:
             forward.stop()
+            watch.stop()
         if code:
             fail_instance(failures[0] if failures else SystemExit(code))
         close_instance_group()
+        _launcher_lost(self.index, uplink.link, host)
         uplink.close()                    # after the output and notices: they go first
         return code
+
+
+def _launcher_lost(index: int, link, host: str) -> None:
+    """End this instance's process if the launcher (on `host`) is unreachable (judged from
+    the link's state alone: safe in a watchdog thread)."""
+    from popxl.runtime.liveness import exit_process
+
+    if link.probe() and link.unreachable:
+        exit_process(f"instance {index}: the launcher (popxl-run, on {host}) is unreachable")
 
 
 class _ForwardOutput:

@@ -30,6 +30,7 @@ __all__ = ["run_job", "launcher_ref", "die_with_parent", "kill_tree"]
 LAUNCHER_ENV = "POPXL_LAUNCHER"
 
 _GRACE = 5.0          # seconds mpiexec gets to end the job after a signal, before it is killed
+DONE_GRACE = 5.0      # seconds the job gets to end once its script has ended (`done_file`)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -75,9 +76,14 @@ def kill_tree(proc: subprocess.Popen) -> None:
             pass
 
 
-def run_job(cmd: Sequence[str], env: Dict[str, str], pass_fds: Sequence[int] = ()) -> int:
+def run_job(cmd: Sequence[str], env: Dict[str, str], pass_fds: Sequence[int] = (),
+            done_file: Optional[str] = None) -> int:
     """Run `cmd` (mpiexec ...) to completion and return its exit code, or 128 + the signal
-    that stopped popxl-run (130 for Ctrl-C). The ranks find this process in `POPXL_LAUNCHER`."""
+    that stopped popxl-run (130 for Ctrl-C). The ranks find this process in `POPXL_LAUNCHER`.
+    Once `done_file` exists (the script has ended), the job gets `DONE_GRACE` seconds to end
+    before this machine's part of it is killed (at once if `done_file`.abandoned exists too:
+    rank 0 ended without MPI_Finalize): across hosts, mpiexec waits for ever for a host that
+    stopped answering (whose processes end by themselves)."""
     env = dict(env)
     env[LAUNCHER_ENV] = launcher_ref()
     preexec = die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None
@@ -94,20 +100,35 @@ def run_job(cmd: Sequence[str], env: Dict[str, str], pass_fds: Sequence[int] = (
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return _supervise(proc)
+        return _supervise(proc, done_file)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
 
 
-def _supervise(proc: subprocess.Popen) -> int:
+def _supervise(proc: subprocess.Popen, done_file: Optional[str] = None) -> int:
     stopped_by: Optional[int] = None
     deadline: Optional[float] = None
     forwarded_interrupt = False
+    done_at: Optional[float] = None
     while True:
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            code = proc.wait(timeout)
+            if done_file is not None and deadline is None:
+                try:
+                    code = proc.wait(0.2)
+                except subprocess.TimeoutExpired:
+                    if done_at is None and os.path.exists(done_file):
+                        done_at = time.monotonic()
+                        if os.path.exists(done_file + ".abandoned"):
+                            done_at -= DONE_GRACE       # rank 0 left the job as it is
+                    if done_at is not None and time.monotonic() - done_at > DONE_GRACE:
+                        # (not SIGTERM: hydra reports every proxy it cannot reach any more)
+                        kill_tree(proc)
+                        done_file = None
+                    continue
+            else:
+                code = proc.wait(timeout)
             return code if stopped_by is None else 128 + stopped_by
         except _Stop as e:
             if stopped_by is None or stopped_by == signal.SIGINT:

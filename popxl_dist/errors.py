@@ -7,9 +7,9 @@ popart.popart_exception` catches them as it does upstream; they are also `Runtim
 from popart import popart_exception
 
 __all__ = ["UndefinedValue", "popart_exception", "OpSetupError", "OpSetupTypeError",
-           "EngineError", "WorkerError", "WorkerDied", "InstanceFailed", "CollectiveTimeout",
-           "SessionFailed", "RunAborted", "NonFiniteError", "ReplicaDivergenceError",
-           "ReplicaDivergenceWarning"]
+           "EngineError", "WorkerError", "WorkerDied", "HostUnreachable", "InstanceFailed",
+           "CollectiveTimeout", "SessionFailed", "RunAborted", "NonFiniteError",
+           "ReplicaDivergenceError", "ReplicaDivergenceWarning"]
 
 
 class UndefinedValue(ValueError):
@@ -37,6 +37,16 @@ class WorkerError(EngineError):
 
 class WorkerDied(WorkerError):
     """A worker process died; the pool that held it cannot be used again."""
+
+
+class HostUnreachable(WorkerDied):
+    """A host of the job stopped answering (its network link is down, or it crashed): nothing
+    came from it for `POPXL_PEER_TIMEOUT` seconds. The message names the host and the workers
+    (or instances) on it; `hosts` lists the hosts, `workers` their workers."""
+
+    host = ""
+    hosts: list = []
+    workers: list = []
 
 
 class InstanceFailed(WorkerError):

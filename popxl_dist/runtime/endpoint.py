@@ -20,15 +20,17 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 import numpy as np
 
 from ..engine.comm import Transport
-from ..errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
+from ..errors import CollectiveTimeout, HostUnreachable, RunAborted, WorkerDied, WorkerError
+from .env import peer_timeout
 from .links import ABORT, BYE, CMD, DATA, FAILED, FIN, OUTPUT, REPLY, Link, Message
 from .polling import Backoff, process_alive
+from .reachability import host_unreachable, hosts_of
 from .reported import flight_of, message_of, reported
 
-__all__ = ["Endpoint", "EndpointTransport", "serve", "encode", "decode", "describe",
-           "OK", "ERROR", "ABORTED", "LIVENESS_PERIOD", "DIVERGE_GRACE"]
+__all__ = ["Endpoint", "EndpointTransport", "Silence", "serve", "encode", "decode", "describe",
+           "OK", "ERROR", "ABORTED", "DIED", "LIVENESS_PERIOD", "DIVERGE_GRACE", "lost_error"]
 
-OK, ERROR, ABORTED = 0, 1, 2                 # reply status (the reply message's `a`)
+OK, ERROR, ABORTED, DIED = 0, 1, 2, 3         # reply status (the reply message's `a`)
 LIVENESS_PERIOD = 0.5                        # seconds between checks that peers still live
 DIVERGE_GRACE = 1.0                          # a finished peer's last data may still be in flight
 
@@ -84,6 +86,8 @@ class Endpoint:
         self.links: Dict[int, Link] = {}
         self._link_list: List[Link] = []
         self.procs: Dict[int, Tuple[str, int]] = {}     # worker -> (host name, pid)
+        self.addresses: Dict[int, str] = {}             # worker -> its node's address
+        self.what = ""                                  # what the members are ("Ray actor")
         self.host = socket.gethostname()
         self.buffers = _BufferPool()
         self._dtypes: Dict[bytes, np.dtype] = {}
@@ -148,10 +152,13 @@ class Endpoint:
         elif kind == OUTPUT:
             self.outputs.append(m)
 
-    def flush_all(self, workers: Iterable[int], deadline: Optional[float] = None) -> bool:
+    def flush_all(self, workers: Iterable[int], deadline: Optional[float] = None,
+                  stall: Optional[float] = None) -> bool:
         """Push every queued message to `workers` (reading meanwhile); False if one of them died
-        or the deadline passed first."""
+        or the deadline passed first. With `stall`, a worker whose link moves no byte for
+        `stall` seconds raises CollectiveTimeout (it is stopped or hung)."""
         links = [self.links[w] for w in workers]
+        silence = Silence(self, workers) if stall is not None else None
         backoff = Backoff()
         while not all(link.idle for link in links):
             if self.progress():
@@ -162,8 +169,22 @@ class Endpoint:
                 return False
             if deadline is not None and time.monotonic() > deadline:
                 return False
+            if silence is not None:
+                quiet = silence.over(stall, [lk.peer for lk in links if not lk.idle])
+                if quiet:
+                    raise self.silent(quiet, stall, "took none of the bytes sent to it for "
+                                                    "{t:g} s")
             backoff.wait()
         return True
+
+    def silent(self, workers: Sequence[int], timeout: float, what: str) -> CollectiveTimeout:
+        """The error for `workers` whose links stayed still for `timeout` seconds (`what`
+        says what they did not do, with `{t}` for the timeout)."""
+        who = ", ".join(f"worker {w} ({self.describe_member(w)})" for w in workers)
+        err = CollectiveTimeout(f"{who} {what.format(t=timeout)} (stopped, hung, or far slower "
+                                f"than the others; POPXL_COLLECTIVE_TIMEOUT)")
+        err.workers, err.timeout = tuple(workers), timeout
+        return err
 
     def start_run(self, run_id: int) -> None:
         """Forget what earlier (aborted) runs left behind."""
@@ -176,23 +197,45 @@ class Endpoint:
 
     # --- liveness ----------------------------------------------------------------------------
     def dead_workers(self, workers: Iterable[int], force: bool = True) -> List[int]:
-        """Those of `workers` whose link broke or whose process (on this host) is gone. Process
-        checks run at most every LIVENESS_PERIOD seconds unless `force`."""
+        """Those of `workers` whose link broke (their host stopped answering, or the
+        connection closed) or whose process (on this host) is gone. Process and socket checks
+        run at most every LIVENESS_PERIOD seconds unless `force`. Safe in a watchdog thread
+        with `force` (it reads no link)."""
         workers = list(workers)
-        dead = [w for w in workers if w in self.links and self.links[w].dead]
+        links = self.links
+        dead = [w for w in workers if w in links and links[w].dead]
         now = time.monotonic()
         if force or now - self._last_liveness > LIVENESS_PERIOD:
             self._last_liveness = now
             for w in workers:
+                if w in dead:
+                    continue
                 host, pid = self.procs.get(w, ("", 0))
-                if host == self.host and pid and w not in dead and not process_alive(pid):
+                if host == self.host and pid and not process_alive(pid):
+                    dead.append(w)
+                elif w in links and links[w].probe():
                     dead.append(w)
         return sorted(dead)
 
-    def died(self, dead: Sequence[int], when: str) -> WorkerDied:
-        """The error for workers found dead (`e.workers` lists them)."""
-        what = ", ".join(f"worker {w} (pid {self.procs.get(w, ('', '?'))[1]})" for w in dead)
-        err = WorkerDied(f"{what} died {when}")
+    def describe_member(self, w: int) -> str:
+        """How errors name member `w`'s process: what it is, its pid and host."""
+        host, pid = self.procs.get(w, ("?", "?"))
+        return f"{self.what + ', ' if self.what else ''}pid {pid} on {host}"
+
+    def died(self, dead: Sequence[int], when: str = "", noun: str = "worker",
+             suffix: str = "") -> WorkerDied:
+        """The error for members found dead (`e.workers` lists them): `HostUnreachable` naming
+        the host and every member on it when their links ended because the host stopped
+        answering, else `WorkerDied`. `when` says what this member was doing, `suffix` what
+        follows."""
+        cut = [w for w in dead if w in self.links and self.links[w].unreachable]
+        if cut:
+            hosts = hosts_of(cut, self.procs, self.addresses)
+            members = {w: (h, self.describe_member(w)) for w, (h, _) in self.procs.items()
+                       if w != self.index}
+            return host_unreachable(hosts, members, peer_timeout(), noun, when, suffix)
+        who = ", ".join(f"{noun} {w} ({self.describe_member(w)})" for w in dead)
+        err = WorkerDied(f"{who} died{' ' + when if when else ''}{suffix}")
         err.workers = list(dead)
         return err
 
@@ -201,6 +244,32 @@ class Endpoint:
             link.close()
         self.links.clear()
         self._link_list = []
+
+
+class Silence:
+    """When each of some peers' links last moved a byte (either way): `over(t)` names those
+    still for more than `t` seconds."""
+
+    def __init__(self, ep: Endpoint, peers: Iterable[int]):
+        now = time.monotonic()
+        self.ep = ep
+        self.last = {p: (now, self._moved(p)) for p in peers}
+
+    def _moved(self, p: int) -> int:
+        link = self.ep.links.get(p)
+        return link.sent + link.received if link is not None else 0
+
+    def over(self, timeout: float, peers: Iterable[int]) -> List[int]:
+        now = time.monotonic()
+        quiet = []
+        for p in peers:
+            since, moved = self.last.get(p, (now, -1))
+            current = self._moved(p)
+            if current != moved:
+                self.last[p] = (now, current)
+            elif now - since > timeout:
+                quiet.append(p)
+        return quiet
 
 
 class EndpointTransport(Transport):
@@ -242,7 +311,9 @@ class EndpointTransport(Transport):
             self._received[p] = seq + 1
             wanted[p] = (p, run_id, tag, seq)
         send_links = [ep.links[p] for p in sends]
-        deadline = time.monotonic() + ep.timeout
+        # The timeout is for silence: of the peers this exchange still waits for, each one's
+        # link moving no byte for that long (another peer's messages do not count).
+        silence = Silence(ep, set(wanted) | set(sends))
         self._gone_since = None
         backoff = Backoff()
         while True:
@@ -250,18 +321,18 @@ class EndpointTransport(Transport):
             missing = {p: key for p, key in wanted.items() if key not in ep.data}
             if not missing and all(link.idle for link in send_links):
                 break
-            if moved:                                  # the timeout is for silence
-                deadline = time.monotonic() + ep.timeout
+            if moved:
                 backoff = Backoff()
                 continue
             waiting = sorted(set(missing) | {lk.peer for lk in send_links if not lk.idle})
             self.check_wait(run_id, tag, waiting, missing)
-            if time.monotonic() > deadline:
+            quiet = silence.over(ep.timeout, waiting)
+            if quiet:
                 noun = self.noun
                 err = CollectiveTimeout(
                     f"{noun} {ep.index}: collective (tag {tag}) got no data from {noun}(s) "
-                    f"{waiting} within {ep.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
-                err.workers = tuple(waiting)           # the silent workers (the executor
+                    f"{quiet} within {ep.timeout:g} s (POPXL_COLLECTIVE_TIMEOUT)")
+                err.workers = tuple(quiet)             # the silent workers (the executor
                 err.timeout = ep.timeout               # names their replicas and the op)
                 raise err
             backoff.wait()
@@ -295,6 +366,16 @@ class EndpointTransport(Transport):
             raise ep.died(dead, f"while worker {ep.index} waited in a collective (tag {tag})")
 
 
+def lost_error(value: Any, suffix: str = "") -> WorkerDied:
+    """The `WorkerDied` / `HostUnreachable` a worker reported with status DIED."""
+    unreachable, text, workers, hosts = value
+    err = (HostUnreachable if unreachable else WorkerDied)(text + suffix)
+    err.workers = workers
+    if unreachable:
+        err.hosts, err.host = hosts, hosts[0] if hosts else ""
+    return err
+
+
 def serve(ep: Endpoint, handle: Callable[[str, int, int, Any], Any],
           special: Optional[Dict[str, Callable[[Any], Any]]] = None) -> str:
     """A worker's loop: run the host's commands (`handle(cmd, sid, run_id, payload)`, or
@@ -312,6 +393,12 @@ def serve(ep: Endpoint, handle: Callable[[str, int, int, Any], Any],
                 value = fn(payload) if fn is not None else handle(cmd, sid, m.run_id, payload)
             except RunAborted as e:
                 status, value = ABORTED, (message_of(e), flight_of(e))
+            except WorkerDied as e:
+                # Another worker died (or its host is unreachable) while this one waited for it:
+                # the host reports that, not a failure of this worker.
+                status, value = DIED, (isinstance(e, HostUnreachable), str(e),
+                                       list(getattr(e, "workers", ())),
+                                       list(getattr(e, "hosts", ())))
             except BaseException as e:  # noqa: BLE001 - reported to the host
                 status, value = ERROR, (reported(e), flight_of(e))
                 if os.environ.get("POPXL_DEBUG"):

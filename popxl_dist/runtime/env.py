@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-__all__ = ["backend_name", "positive_int", "worker_count", "collective_timeout", "ray_address", "ray_transport",
-           "BACKENDS"]
+__all__ = ["backend_name", "positive_int", "worker_count", "collective_timeout", "peer_timeout",
+           "ray_address", "ray_transport", "BACKENDS"]
 
 BACKENDS = ("local", "mpi", "ray")
 
@@ -36,17 +36,26 @@ def worker_count(default: int = 1) -> int:
     return default if n is None else n
 
 
+def _seconds(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    try:
+        t = float(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not t > 0 or t == float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return t
+
+
 def collective_timeout() -> float:
     """Seconds a collective waits for its peers before failing (`POPXL_COLLECTIVE_TIMEOUT`)."""
-    value = os.environ.get("POPXL_COLLECTIVE_TIMEOUT", "").strip()
-    try:
-        t = float(value) if value else 60.0
-    except ValueError:
-        raise ValueError(f"POPXL_COLLECTIVE_TIMEOUT must be a number of seconds, got "
-                         f"{value!r}") from None
-    if t <= 0:
-        raise ValueError(f"POPXL_COLLECTIVE_TIMEOUT must be positive, got {t}")
-    return t
+    return _seconds("POPXL_COLLECTIVE_TIMEOUT", 60.0)
+
+
+def peer_timeout() -> float:
+    """Seconds without a sign of life from another host of the job before it is reported
+    unreachable (`POPXL_PEER_TIMEOUT`)."""
+    return _seconds("POPXL_PEER_TIMEOUT", 10.0)
 
 
 def ray_address() -> str:

@@ -177,10 +177,10 @@ class LinkInstanceGroup(InstanceGroup):
             raise InstanceFailed(f"instance {origin} failed: {notices[origin]}", origin)
 
     def died(self, dead: List[int]) -> WorkerDied:
-        host, pid = self.ep.procs.get(dead[0], ("?", "?"))
-        err = WorkerDied(f"instance {dead[0]} (Ray actor, pid {pid} on {host}) died")
-        err.workers = list(dead)
-        err.instance = dead[0]
+        """WorkerDied naming the dead instances, or HostUnreachable naming their host and the
+        instances on it."""
+        err = self.ep.died(dead, noun="instance")
+        err.instance = err.workers[0] if err.workers else dead[0]
         return err
 
     # --- ending ---------------------------------------------------------------------------

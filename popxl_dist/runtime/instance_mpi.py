@@ -25,7 +25,9 @@ import numpy as np
 
 from ..errors import CollectiveTimeout, InstanceFailed, WorkerDied
 from .instance_group import ACK_GRACE, InstanceGroup, flush_stdio
-from .mpi import MPITransport, _alive, _Backoff
+from .mpi import (MPITransport, _alive, _Backoff, broken_peers, returning_errors,
+                  spanning_heartbeat)
+from .reachability import host_unreachable
 from .mpi_segments import unlink_mpich_segments
 
 __all__ = ["MPIInstanceGroup", "abort_before_first_session"]
@@ -58,13 +60,24 @@ class _InstanceTransport(MPITransport):
         MPI = group.MPI
         mtag = _mpi_tag(self.run_id, tag)
         bufs = {p: self._buffer(p, n, dtype) for p, (n, dtype) in recvs.items()}
-        pending = {p: group.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
-                   for p in bufs}
+        pending: Dict[int, object] = {}
+        by_peer: Dict[int, list] = {}
+        sreqs: list = []
+        try:
+            for p in bufs:
+                pending[p] = group.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p,
+                                              tag=mtag)
+                by_peer.setdefault(p, []).append(pending[p])
+            keep = [np.ascontiguousarray(a) for a in sends.values()]
+            for p, a in zip(sends, keep):
+                sreqs.append(group.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag))
+                by_peer.setdefault(p, []).append(sreqs[-1])
+        except MPI.Exception as e:
+            err = group.connection_lost(broken_peers(by_peer) or list(by_peer), e)
+            group.mark_broken(err)
+            raise err from None
         for p in bufs:
             self.posted_from[p] = self.posted_from.get(p, 0) + 1
-        keep = [np.ascontiguousarray(a) for a in sends.values()]
-        sreqs = [group.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag)
-                 for p, a in zip(sends, keep)]
         for p in sends:
             self.sent_to[p] = self.sent_to.get(p, 0) + 1
         start = time.monotonic()
@@ -90,12 +103,16 @@ class _InstanceTransport(MPITransport):
                         raise err
                 backoff.wait()
         except BaseException as e:
-            group.mark_broken(e)
+            lost = group.connection_lost(broken_peers(by_peer) or list(by_peer), e) \
+                if isinstance(e, MPI.Exception) else None
+            group.mark_broken(lost or e)
             for r in pending.values():
                 try:
                     r.Cancel()
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
+            if lost is not None:
+                raise lost from None
             raise
         return bufs
 
@@ -122,8 +139,8 @@ class MPIInstanceGroup(InstanceGroup):
                                f"rank per instance (poprun / mpirun -n {size})")
         self.MPI = MPI
         self.rank = index
-        self.data = self._dup(world)
-        self.ctrl = self._dup(world)
+        self.data = returning_errors(self._dup(world))
+        self.ctrl = returning_errors(self._dup(world))
         # peer -> (kind, origin, message, data messages it sent to this instance)
         self.gone: Dict[int, Tuple[str, int, str, int]] = {}
         self._last_liveness = time.monotonic()
@@ -133,6 +150,9 @@ class MPIInstanceGroup(InstanceGroup):
         # Every instance has attached MPICH's shared memory by now: unlinked, it goes with the
         # last process however the job ends (a killed or aborted job would leave it behind).
         unlink_mpich_segments()
+        # Across hosts, heartbeats tell a host that stopped answering (see mpi_heartbeat.py).
+        self.beat = spanning_heartbeat(world, self.procs)
+        self._peer_signal_at = 0.0
         self._usr1 = threading.current_thread() is threading.main_thread() \
             and signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
         if self._usr1:
@@ -142,6 +162,7 @@ class MPIInstanceGroup(InstanceGroup):
 
     def _on_peer_exit(self, signum, frame) -> None:
         self._peer_signal = True
+        self._peer_signal_at = self._peer_signal_at or time.monotonic()
 
     def _ignore_exit_notices(self) -> None:
         """Back to ignoring hydra's SIGUSR1: Python resets the signals it handles to their
@@ -207,6 +228,13 @@ class MPIInstanceGroup(InstanceGroup):
             self._last_liveness = now
             self._peer_signal = False
             dead = self._dead(list(waiting))
+            if self.beat is not None:
+                dead += [p for p in waiting if p in self.beat.failed and p not in dead]
+            silent = self.beat.silent(waiting) if self.beat is not None else []
+            if not dead and silent:
+                self._read_notices()
+                if not any(p in self.gone for p in silent):
+                    raise self._unreachable(silent)
             if dead:
                 self._read_notices()          # a goodbye / failure notice says more
                 if not any(p in self.gone for p in dead):
@@ -219,8 +247,36 @@ class MPIInstanceGroup(InstanceGroup):
                 self.check(waiting, mtag)
 
     def _dead(self, peers: Sequence[int]) -> List[int]:
+        """The peers whose process is gone: on this host by pid; on another host, those that
+        stopped beating when the process manager said that a rank ended."""
         host = socket.gethostname()
-        return [p for p in peers if self.procs[p][0] == host and not _alive(self.procs[p][1])]
+        dead = [p for p in peers if self.procs[p][0] == host and not _alive(self.procs[p][1])]
+        remote = [p for p in peers if self.procs[p][0] != host]
+        if self.beat is not None and self._peer_signal_at and remote and \
+                time.monotonic() - self._peer_signal_at > 2 * self.beat.period + 0.1:
+            dead += self.beat.quiet_since(self._peer_signal_at, remote)
+        return dead
+
+    def connection_lost(self, peers: Sequence[int], exc: BaseException) -> WorkerDied:
+        """WorkerDied naming the instances whose connection MPI reports broken (`exc`)."""
+        if self.beat is not None:
+            self.beat.failed.update(peers)
+        p = sorted(peers)[0]
+        host, pid = self.procs[p]
+        err = WorkerDied(f"instance {p} (MPI rank {p}, pid {pid} on {host}) died (MPI: "
+                         f"{str(exc).splitlines()[0]})")
+        err.workers, err.instance = sorted(peers), p
+        return err
+
+    def _unreachable(self, silent: Sequence[int]):
+        """HostUnreachable naming the silent instances' hosts and every instance on them."""
+        hosts = {self.procs[p][0]: "" for p in silent}
+        members = {p: (h, f"MPI rank {p}, pid {pid}") for p, (h, pid) in enumerate(self.procs)
+                   if p != self.index}
+        err = host_unreachable(hosts, members, self.beat.timeout, noun="instance",
+                               heartbeats=True)
+        err.instance = err.workers[0] if err.workers else silent[0]
+        return err
 
     # --- ending ---------------------------------------------------------------------------
     def _notify(self, kind: str, origin: int, message: str) -> list:
@@ -241,6 +297,7 @@ class MPIInstanceGroup(InstanceGroup):
             self._read_notices()
             missing = [p for p in self.peers if p not in self.gone]
             if not missing:
+                self._end_heartbeats(ACK_GRACE)
                 return True
             if not [p for p in missing if p not in self._dead(missing)]:
                 # Nobody left to tell, but MPI_Finalize would wait for the dead: end here (an
@@ -256,10 +313,27 @@ class MPIInstanceGroup(InstanceGroup):
         self.closed = True
         self._ignore_exit_notices()
         reqs = self._notify("bye", self.index, "")
-        deadline = time.monotonic() + 1.0
+        # Read the others' goodbyes too (they close about now): a notice left unread makes
+        # MPICH's UCX transport warn at MPI_Finalize. Bounded: one may still be computing.
+        deadline = time.monotonic() + _BYE_PATIENCE
         backoff = _Backoff()
-        while not self.MPI.Request.Testall(reqs) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            self._read_notices()
+            missing = [p for p in self.peers if p not in self.gone]
+            if self.MPI.Request.Testall(reqs) and not [
+                    p for p in missing if p not in self._dead(missing)
+                    and not (self.beat is not None and p in self.beat.silent(missing))]:
+                break
             backoff.wait()
+        self._end_heartbeats(_BYE_PATIENCE)
+
+    def _end_heartbeats(self, patience: float) -> None:
+        """Stop the heartbeats before MPI finalises; end the process if a peer's host stopped
+        answering (MPI_Finalize would wait for it for ever)."""
+        if self.beat is not None and not self.beat.close(patience=patience) \
+                and self.beat.silent(self.peers):
+            flush_stdio()
+            os._exit(1)
 
     def abort(self, code: int) -> None:
         flush_stdio()
@@ -277,6 +351,7 @@ def _under_popxl_launcher() -> bool:
 # Seconds a failing instance waits to join MPI in order to abort it: the others join when they
 # create their first Session, which on a loaded machine can take many seconds (5 s was too short).
 _INIT_PATIENCE = 20.0
+_BYE_PATIENCE = 10.0       # seconds an ending instance waits for the others' goodbyes
 
 
 def abort_before_first_session() -> None:

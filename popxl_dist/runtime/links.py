@@ -77,6 +77,16 @@ class Link:
     def dead(self) -> bool:
         return self.out.dead or self.inp.dead
 
+    @property
+    def unreachable(self) -> bool:
+        """Whether the link ended because the peer's host stopped answering."""
+        return self.out.unreachable or self.inp.unreachable
+
+    def probe(self) -> bool:
+        """Whether the link has ended, from its pipes' state alone (reads nothing: safe beside
+        the thread that uses the link)."""
+        return self.out.probe() or self.inp.probe()
+
     # --- sending -----------------------------------------------------------------------------
     def post(self, kind: int, run_id: int, a: int = 0, b: int = 0, meta: bytes = b"",
              bufs: Sequence = ()) -> None:

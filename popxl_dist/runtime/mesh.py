@@ -143,6 +143,7 @@ class MeshMember:
     def connect(self, table: List[dict]) -> None:
         self.table = table
         self.ep.procs = {w: (t["host"], t["pid"]) for w, t in enumerate(table)}
+        self.ep.addresses = {w: t["ip"] for w, t in enumerate(table)}
         for peer in range(self.size):
             if peer == self.me:
                 continue

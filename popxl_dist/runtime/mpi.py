@@ -22,16 +22,20 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..engine.comm import Transport
-from ..errors import CollectiveTimeout, EngineError, RunAborted, WorkerDied, WorkerError
-from .env import collective_timeout, worker_count
+from ..errors import (CollectiveTimeout, EngineError, HostUnreachable, RunAborted, WorkerDied,
+                      WorkerError)
+from .env import collective_timeout, peer_timeout, worker_count
 from .liveness import LAUNCHER_ENV, ProcessRef, Watchdog, exit_process
+from .mpi_heartbeat import MPIHeartbeat
 from .mpi_segments import unlink_mpich_segments
-from .polling import Backoff as _Backoff, process_alive as _alive, process_stopped as _stopped
+from .polling import Backoff as _Backoff, process_alive as _alive, process_stopped
 from .pool import WorkerPool
+from .reachability import host_unreachable
 from .reported import flight_of, host_error, message_of, reported, with_flights
 from .service import WorkerService
 
-__all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run"]
+__all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run", "spanning_heartbeat",
+           "returning_errors", "broken_peers"]
 
 CMD, REPLY, ABORT = 11, 12, 13
 _LIVENESS_PERIOD = 0.5
@@ -42,6 +46,22 @@ _SILENT_GRACE = 1.0     # seconds a worker silent in a collective gets to answer
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def broken_peers(requests: Dict[int, list]) -> List[int]:
+    """The peers (of `requests`: peer -> its requests) whose requests MPI fails: their
+    connection broke (the process died: see popxl_launch.mpiexec.across_hosts_env)."""
+    from mpi4py import MPI
+
+    broken = []
+    for peer, reqs in requests.items():
+        for r in reqs:
+            try:
+                r.Test()
+            except MPI.Exception:
+                broken.append(peer)
+                break
+    return broken
 
 
 class MPITransport(Transport):
@@ -69,11 +89,21 @@ class MPITransport(Transport):
         pool = self.pool
         mtag = ((self.run_id % 8192) << 15) | tag
         bufs = {p: self._buffer(p, n, dtype) for p, (n, dtype) in recvs.items()}
-        rreqs = [pool.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p, tag=mtag)
-                 for p in bufs]
-        keep = [np.ascontiguousarray(a) for a in sends.values()]
-        sreqs = [pool.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag)
-                 for p, a in zip(sends, keep)]
+        rreqs: list = []
+        by_peer: Dict[int, list] = {}
+        try:
+            for p in bufs:
+                rreqs.append(pool.data.Irecv([bufs[p].view(np.uint8), MPI.BYTE], source=p,
+                                             tag=mtag))
+                by_peer.setdefault(p, []).append(rreqs[-1])
+            keep = [np.ascontiguousarray(a) for a in sends.values()]
+            sreqs = []
+            for p, a in zip(sends, keep):
+                sreqs.append(pool.data.Isend([a.view(np.uint8), MPI.BYTE], dest=p, tag=mtag))
+                by_peer.setdefault(p, []).append(sreqs[-1])
+        except MPI.Exception as e:
+            raise pool.connection_lost(broken_peers(by_peer) or list(bufs) or list(sends),
+                                       e) from None
         reqs = rreqs + sreqs
         deadline = time.monotonic() + pool.timeout
         backoff = _Backoff()
@@ -96,12 +126,14 @@ class MPITransport(Transport):
                     err.workers, err.timeout = tuple(silent), pool.timeout
                     raise err
                 backoff.wait()
-        except BaseException:
+        except BaseException as e:
             for r in rreqs:
                 try:
                     r.Cancel()
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
+            if isinstance(e, MPI.Exception):
+                raise pool.connection_lost(broken_peers(by_peer) or list(by_peer), e) from None
             raise
         return bufs
 
@@ -117,18 +149,24 @@ class MPIPool(WorkerPool):
         world = MPI.COMM_WORLD
         self.rank = world.Get_rank()
         self.size = world.Get_size()
-        self.ctrl = world.Dup()
-        self.data = world.Dup()
+        self.ctrl = returning_errors(world.Dup())
+        self.data = returning_errors(world.Dup())
         self.timeout = collective_timeout()
         self.procs = self.ctrl.allgather((socket.gethostname(), os.getpid()))
         # Every rank has attached MPICH's shared memory by now (MPI_Init is done everywhere):
         # unlinked, it goes with the last process however the job ends.
         unlink_mpich_segments()
+        # Across hosts, heartbeats tell a host that stopped answering (see mpi_heartbeat.py).
+        self.beat = spanning_heartbeat(world, self.procs)
+        self._peer_signal_at = 0.0
+        self._last_stop_check = 0.0
         self.transport = MPITransport(self)
         self.service = WorkerService(self.rank, self.transport, self._on_run)
         self.broken: Optional[str] = None
+        self.reported = False                    # the script was given the pool's failure
         self.interrupted = False                 # a run was stopped by Ctrl-C
         self._replies: Dict[int, tuple] = {}     # worker -> reply of the current call
+        self._abort_sends: list = []             # aborts sent to silent workers, in flight
         self._last_liveness = time.monotonic()
         self._peer_signal = False
         if threading.current_thread() is threading.main_thread():
@@ -141,6 +179,7 @@ class MPIPool(WorkerPool):
 
     def _on_peer_failure(self, signum, frame) -> None:
         self._peer_signal = True
+        self._peer_signal_at = self._peer_signal_at or time.monotonic()
 
     def _on_run(self, run_id: int) -> None:
         self.transport.run_id = run_id
@@ -157,16 +196,54 @@ class MPIPool(WorkerPool):
             if self._dead_peers([0]):
                 exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid "
                              f"{self.procs[0][1]}) died")
+            self._exit_if_host_unreachable()
             return None
         if self.closed:
             return None
         dead = self._dead_peers(range(1, self.size))
-        return self._died(dead) if dead else None
+        if dead:
+            return self._died(dead)
+        if self.beat is not None and self.beat.failed:
+            return self._died(sorted(self.beat.failed), "its connection broke")
+        silent = self.beat.silent(range(1, self.size)) if self.beat else []
+        return self._unreachable(silent) if silent else None
 
-    def _died(self, dead: Sequence[int]) -> WorkerDied:
-        """Mark the pool unusable; the error that names the dead workers."""
+    def connection_lost(self, ranks: Sequence[int], exc: BaseException) -> WorkerDied:
+        """WorkerDied for `ranks`, whose connection MPI reports broken (`exc`)."""
+        if self.beat is not None:
+            self.beat.failed.update(ranks)
+        return self._died(sorted(ranks), f"MPI: {str(exc).splitlines()[0]}")
+
+    def _exit_if_host_unreachable(self) -> None:
+        """A worker whose host (rank 0) went silent (or whose connection to it broke) ends:
+        nobody can stop it any more."""
+        if self.beat is not None and 0 in self.beat.failed:
+            exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid {self.procs[0][1]} "
+                         f"on {self.procs[0][0]}) died")
+        if self.beat is not None and self.beat.silent([0]):
+            exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid {self.procs[0][1]} "
+                         f"on {self.procs[0][0]}) is unreachable: no heartbeat for "
+                         f"{self.beat.timeout:g} s (POPXL_PEER_TIMEOUT)")
+
+    def _unreachable(self, ranks: Sequence[int]):
+        """Mark the pool unusable; HostUnreachable naming the silent ranks' hosts and every
+        rank on them."""
+        hosts = {self.procs[r][0]: "" for r in ranks}
+        members = {r: (h, f"MPI rank {r}, pid {pid}") for r, (h, pid) in enumerate(self.procs)
+                   if r != self.rank}
+        err = host_unreachable(hosts, members, self.beat.timeout, heartbeats=True,
+                               suffix="; the MPI worker pool cannot be used again")
+        self.broken = str(err)
+        self.reported = True
+        return err
+
+    def _died(self, dead: Sequence[int], why: str = "") -> WorkerDied:
+        """Mark the pool unusable; the error that names the dead workers (and their hosts)."""
         self.broken = f"MPI rank(s) {list(dead)} died"
-        err = WorkerDied(f"worker(s) {list(dead)} (MPI rank(s) {list(dead)}) died; the MPI "
+        self.reported = True
+        hosts = sorted({self.procs[r][0] for r in dead})
+        err = WorkerDied(f"worker(s) {list(dead)} (MPI rank(s) {list(dead)} on "
+                         f"{', '.join(hosts)}) died{' (' + why + ')' if why else ''}; the MPI "
                          f"worker pool cannot be used again")
         err.workers = list(dead)
         return err
@@ -174,7 +251,7 @@ class MPIPool(WorkerPool):
     def _stopped(self, ranks: Sequence[int]) -> bool:
         """Whether every one of `ranks` is a stopped process on this host (it cannot answer)."""
         host = socket.gethostname()
-        return all(self.procs[r][0] == host and _stopped(self.procs[r][1]) for r in ranks)
+        return all(self.procs[r][0] == host and process_stopped(self.procs[r][1]) for r in ranks)
 
     def _dead_peers(self, ranks: Sequence[int]) -> List[int]:
         host = socket.gethostname()
@@ -187,11 +264,21 @@ class MPIPool(WorkerPool):
             return
         self._last_liveness = now
         dead = self._dead_peers(ranks)
-        if not dead and self._peer_signal and any(
-                self.procs[r][0] != socket.gethostname() for r in ranks):
-            dead = [r for r in ranks if self.procs[r][0] != socket.gethostname()]
+        remote = [r for r in ranks if self.procs[r][0] != socket.gethostname()]
+        if not dead and self._peer_signal and remote:
+            if self.beat is None:
+                dead = remote
+            elif now - self._peer_signal_at > 2 * self.beat.period + 0.1:
+                # The process manager says a rank ended: those that stopped beating then.
+                dead = self.beat.quiet_since(self._peer_signal_at, remote)
         if dead:
             raise self._died(dead)
+        failed = sorted(self.beat.failed.intersection(ranks)) if self.beat is not None else []
+        if failed:
+            raise self._died(failed, "its connection broke")
+        silent = self.beat.silent(ranks) if self.beat is not None else []
+        if silent:
+            raise self._unreachable(silent)
 
     # --- host side ---------------------------------------------------------------------
     def call(self, sid: int, cmd: str, payloads: Sequence[Any]) -> List[Any]:
@@ -256,19 +343,48 @@ class MPIPool(WorkerPool):
             err.workers = tuple(silent)
             raise with_flights(err, [flight])
         if status == "died":
-            _, dead = value
+            _, dead, unreachable = value
+            if unreachable and self.beat is not None:
+                raise self._unreachable(list(dead))
             raise self._died(sorted(set(dead) | set(self._dead_peers(
                 [r for r in range(1, self.size) if r != worker]))) or [worker])
         return worker
 
     def _wait_replies(self, run_id: int, workers: Sequence[int]) -> None:
+        """Wait for the workers' replies. A worker of this host stopped (SIGSTOP) for
+        POPXL_COLLECTIVE_TIMEOUT seconds meanwhile fails the run with CollectiveTimeout, as in
+        a collective (on another host, its heartbeats stop: HostUnreachable)."""
         backoff = _Backoff()
+        stopped: Dict[int, float] = {}
         while any(w not in self._replies for w in workers):
             if self._take_reply(run_id) is None:
-                self._check_liveness([w for w in workers if w not in self._replies])
+                pending = [w for w in workers if w not in self._replies]
+                self._check_liveness(pending)
+                self._check_stopped(pending, stopped)
                 backoff.wait()
             else:
                 backoff = _Backoff()
+
+    def _check_stopped(self, pending: Sequence[int], stopped: Dict[int, float]) -> None:
+        """Raise CollectiveTimeout for workers of this host stopped for the whole timeout
+        (`stopped`: worker -> when it was first seen stopped)."""
+        now = time.monotonic()
+        if now - self._last_stop_check < _LIVENESS_PERIOD:
+            return
+        self._last_stop_check = now
+        host = socket.gethostname()
+        for w in pending:
+            if self.procs[w][0] == host and process_stopped(self.procs[w][1]):
+                stopped.setdefault(w, now)
+            else:
+                stopped.pop(w, None)
+        late = sorted(w for w, t in stopped.items() if now - t > self.timeout)
+        if late:
+            err = CollectiveTimeout(f"worker(s) {late} (MPI rank(s) {late}) stopped for "
+                                    f"{self.timeout:g} s while the host waited for their reply "
+                                    f"(POPXL_COLLECTIVE_TIMEOUT)")
+            err.workers, err.timeout = tuple(late), self.timeout
+            raise err
 
     def check_during_collective(self, run_id: int, peers: Sequence[int]) -> bool:
         """Called while this rank waits in a collective: raise if the run failed elsewhere;
@@ -304,7 +420,11 @@ class MPIPool(WorkerPool):
         silent = [w for w in getattr(exc, "workers", ()) if w in pending] \
             if isinstance(exc, CollectiveTimeout) else []
         for w in pending:
-            self.ctrl.send((run_id, f"another worker failed: {_describe(exc)}"), dest=w, tag=ABORT)
+            message = (run_id, f"another worker failed: {_describe(exc)}")
+            if w in silent:     # never block on a worker that may not take it (kept until done)
+                self._abort_sends.append(self.ctrl.isend(message, dest=w, tag=ABORT))
+            else:
+                self.ctrl.send(message, dest=w, tag=ABORT)
         start = time.monotonic()
         backoff = _Backoff()
         while any(w not in self._replies for w in pending):
@@ -356,7 +476,7 @@ class MPIPool(WorkerPool):
                 self.broken = f"worker(s) {sorted(waiting)} did not acknowledge the shutdown"
                 return False
             backoff.wait()
-        return True
+        return self.beat is None or self.beat.close()
 
     def kill_workers(self) -> None:
         """SIGKILL the workers on this host (the host's way out of a broken pool: a stopped or
@@ -383,6 +503,9 @@ class MPIPool(WorkerPool):
                     self.ctrl.send(("bye", self.rank, 0, None), dest=0, tag=REPLY)
                     if self.watchdog is not None:
                         self.watchdog.stop()
+                    if self.beat is not None and not self.beat.close():
+                        exit_process(f"MPI rank {self.rank}: a peer did not end its "
+                                     f"heartbeats (MPI could not finalise)", 0)
                     return
                 try:
                     reply = ("ok", self.rank, run_id,
@@ -396,7 +519,8 @@ class MPIPool(WorkerPool):
                     # Another worker died while this one waited for it: the host reports the
                     # death (WorkerDied naming it), not this worker's failed collective.
                     reply = ("died", self.rank, run_id,
-                             (str(e), tuple(getattr(e, "workers", ()) or ())))
+                             (str(e), tuple(getattr(e, "workers", ()) or ()),
+                              isinstance(e, HostUnreachable)))
                 except BaseException as e:  # noqa: BLE001 - reported to the host
                     reply = ("error", self.rank, run_id, (reported(e), flight_of(e)))
                     if os.environ.get("POPXL_DEBUG"):
@@ -413,7 +537,28 @@ class MPIPool(WorkerPool):
                         # Nothing to serve; MPI_Finalize would wait for the host for ever.
                         exit_process(f"MPI rank {self.rank}: the host (MPI rank 0, pid "
                                      f"{self.procs[0][1]}) died")
+                    self._exit_if_host_unreachable()
                 backoff.wait()
+
+
+def spanning_heartbeat(world, procs) -> Optional[MPIHeartbeat]:
+    """Heartbeats over a duplicate of `world` when its ranks (`procs`: (host, pid) per rank)
+    span hosts (collective: every rank of `world` calls it, and all decide alike); None on one
+    host, where process checks tell a rank's death, or without MPI_THREAD_MULTIPLE."""
+    from mpi4py import MPI
+
+    if len({host for host, _ in procs}) < 2 or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        return None
+    return MPIHeartbeat(returning_errors(world.Dup()), peer_timeout())
+
+
+def returning_errors(comm):
+    """`comm`, set to return errors (mpi4py raises them) instead of aborting the job: across
+    hosts MPI reports a peer that died as an error of a call towards it."""
+    from mpi4py import MPI
+
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm
 
 
 _POOL: Optional[MPIPool] = None

@@ -20,6 +20,9 @@ from typing import Optional
 
 import numpy as np
 
+from .env import peer_timeout as env_peer_timeout
+from .reachability import is_unreachable, keep_alive, socket_error
+
 __all__ = ["ShmRing", "SocketPipe", "shm_supported", "unlink_segments", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
@@ -85,6 +88,7 @@ class ShmRing:
         self._tail = np.frombuffer(self._mm, np.uint64, 1, _TAIL)
         self._data = memoryview(self._mm)[_DATA:]
         self.dead = False                    # rings cannot tell; liveness is checked by pid
+        self.unreachable = False             # (one host: never)
 
     def unlink(self) -> None:
         try:
@@ -123,6 +127,9 @@ class ShmRing:
     def readable(self) -> bool:
         return int(self._head[0]) != int(self._tail[0])
 
+    def probe(self) -> bool:
+        return self.dead
+
     def close(self) -> None:
         if self._mm is None:
             return
@@ -137,14 +144,17 @@ class ShmRing:
 
 
 class SocketPipe:
-    """Both directions of a link over a connected stream socket (made non-blocking)."""
+    """Both directions of a link over a connected stream socket (made non-blocking). A TCP
+    connection is kept alive by the kernel (`reachability.keep_alive`): once its peer has
+    answered nothing for `peer_timeout` seconds it fails, and `unreachable` says so."""
 
     kind = "socket"
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, peer_timeout: Optional[float] = None):
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock, peer_timeout if peer_timeout is not None else env_peer_timeout())
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:
                 sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
@@ -152,6 +162,12 @@ class SocketPipe:
                 pass
         self.sock: Optional[socket.socket] = sock
         self.dead = False
+        self.error: Optional[int] = None     # the errno that ended the connection, if any
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether the connection ended because its peer's host stopped answering."""
+        return is_unreachable(self.error)
 
     def write(self, src: memoryview) -> int:
         if self.dead:
@@ -181,11 +197,26 @@ class SocketPipe:
     def readable(self) -> bool:
         return True                          # recv_into tells (cheaply) when it is not
 
+    def probe(self) -> bool:
+        """Whether the connection has ended, read from the socket's state without reading
+        data (safe beside the thread that uses the pipe)."""
+        sock = self.sock
+        if self.dead or sock is None:
+            return True
+        err = socket_error(sock)
+        if err is None:
+            return False
+        if self.error is None and err:
+            self.error = err
+        return True
+
     def _died(self, err: Optional[OSError]) -> None:
         if err is not None and err.errno not in (errno.ECONNRESET, errno.EPIPE,
                                                  errno.ECONNABORTED, errno.ENOTCONN,
-                                                 errno.EBADF):
+                                                 errno.EBADF) and not is_unreachable(err.errno):
             raise err
+        if err is not None and self.error is None:
+            self.error = err.errno
         self.dead = True
 
     def close(self) -> None:

@@ -94,7 +94,10 @@ class PoolRuntime(Runtime):
                                 f"{', '.join(map(str, reps))}")
             if not held:
                 raise
-            raise WorkerDied(f"{e} ({'; '.join(held)})") from e
+            # The same error (type and fields), naming the replicas lost with the workers.
+            err = type(e)(f"{e} ({'; '.join(held)})")
+            err.__dict__.update(e.__dict__)
+            raise err from None
 
     def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         payloads = []

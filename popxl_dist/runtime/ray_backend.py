@@ -26,20 +26,20 @@ import sys
 import time
 from typing import Any, List, Optional, Sequence
 
-from ..errors import WorkerDied, WorkerError
-from .reported import host_error, with_flights
+from ..errors import CollectiveTimeout, WorkerDied, WorkerError
 from .blas import job_blas_threads, user_blas_vars
-from .endpoint import (ABORTED, ERROR, Endpoint, EndpointTransport, decode, describe, encode,
-                       serve)
+from .endpoint import (ABORTED, DIED, ERROR, LIVENESS_PERIOD, Endpoint, EndpointTransport,
+                       Silence, decode, describe, encode, lost_error, serve)
 from .env import collective_timeout, ray_transport
 from .links import ABORT, BYE, CMD, FIN
-from .liveness import Watchdog
+from .liveness import Watchdog, exit_process
 from .mesh import MeshMember, listen_address, new_token
 from .pipes import shm_supported, unlink_segments
 from .polling import Backoff, process_start_time, process_stopped
-from .proc_tree import descendants
 from .pool import WorkerPool
+from .proc_tree import descendants
 from .ray_init import init_ray, spans_nodes
+from .reported import host_error, with_flights
 from .service import WorkerService
 
 __all__ = ["RayPool", "ray_pool"]
@@ -64,6 +64,8 @@ def _actor_env() -> dict:
                                             "MKL_NUM_THREADS")})
     # Idle BLAS threads of several actors per core would spin against each other.
     env["OPENBLAS_THREAD_TIMEOUT"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "4")
+    if "POPXL_PEER_TIMEOUT" in os.environ:       # (their sockets' keepalive)
+        env["POPXL_PEER_TIMEOUT"] = os.environ["POPXL_PEER_TIMEOUT"]
     # Ray starts workers at niceness 15: with any other load on the node they would starve,
     # and every collective (and the driver, worker 0) waits for the slowest worker. MPI ranks
     # run at normal priority; so do ours.
@@ -90,6 +92,7 @@ class _ActorWorker:
                  use_shm: bool, spans: bool):
         self.node, ip = _node_and_ip()
         self.endpoint = Endpoint(index, timeout)
+        self.endpoint.what = "Ray actor"
         use_shm = use_shm and shm_supported()
         self.mesh = MeshMember(self.endpoint, job, token, size, self.node, ip, use_shm,
                                listen_address(spans, use_shm, ip))
@@ -104,7 +107,9 @@ class _ActorWorker:
         self.mesh.attach()
 
     def serve(self) -> str:
-        """Answer the driver's commands until it says goodbye (or is gone)."""
+        """Answer the driver's commands until it says goodbye (or is gone). A driver that is
+        unreachable ends this process: nobody would ever stop it (Ray cannot tell an actor on
+        a host cut off from the cluster that its job ended)."""
         ep = self.endpoint
         self.mesh.finish()
         finished = ep.finished
@@ -114,11 +119,28 @@ class _ActorWorker:
 
         transport = EndpointTransport(ep, peer_finished)
         service = WorkerService(ep.index, transport, transport.start_run)
+        watch = Watchdog(lambda: _driver_lost(ep, "while computing"), period=LIVENESS_PERIOD,
+                         name="popxl-ray-actor-watchdog")
         try:
-            return serve(ep, service.handle,
-                         {_STATS: lambda _: _stats(ep, transport, self.node)})
+            why = serve(ep, service.handle,
+                        {_STATS: lambda _: _stats(ep, transport, self.node)})
         finally:
-            ep.close()
+            watch.stop()
+        if why != "bye":
+            _driver_lost(ep, "")
+        ep.close()
+        return why
+
+
+def _driver_lost(ep: Endpoint, when: str) -> None:
+    """End this actor's process when the driver (worker 0) is unreachable, judged from its
+    link's state alone (so a watchdog thread may call it). A driver that ended is Ray's to
+    handle: it kills the actors of a job whose driver is gone."""
+    link = ep.links.get(0)
+    if link is not None and link.probe() and link.unreachable:
+        host = ep.procs.get(0, ("?", 0))[0]
+        exit_process(f"Ray worker {ep.index}: the driver (worker 0, on {host}) is "
+                     f"unreachable{' ' + when if when else ''}")
 
 
 # --- Ray and the reaper: started once per process ------------------------------------------------
@@ -191,6 +213,7 @@ class RayPool(WorkerPool):
         self.closed = False
         self.job = f"popxl-ray-{os.getpid()}-{secrets.token_hex(12)}"
         self.endpoint = Endpoint(0, collective_timeout())
+        self.endpoint.what = "Ray actor"
         self.transport = EndpointTransport(self.endpoint, self._replied_during_collective)
         self.service = WorkerService(0, self.transport, self.transport.start_run)
         self.actors: list = []
@@ -262,12 +285,10 @@ class RayPool(WorkerPool):
         return self.died(dead) if dead else None
 
     def died(self, dead: Sequence[int]) -> WorkerDied:
-        """Mark the pool unusable; the error that names the dead workers."""
-        what = ", ".join(f"worker {w} (Ray actor, pid {self.pids[w]})" for w in dead)
-        self.broken = f"{what} died"
-        err = WorkerDied(f"{what} died; the Ray worker pool cannot be used again")
-        err.workers = list(dead)
-        return err
+        """Mark the pool unusable; the error that names the dead (or unreachable) workers."""
+        err = self.endpoint.died(dead)
+        self.broken = str(err)
+        return self.endpoint.died(dead, suffix="; the Ray worker pool cannot be used again")
 
     # --- host side -----------------------------------------------------------------------------
     def call(self, sid: int, cmd: str, payloads: Sequence[Any],
@@ -285,7 +306,7 @@ class RayPool(WorkerPool):
             for w in workers:
                 meta, bufs = encode((cmd, sid, payloads[w]))
                 ep.links[w].post(CMD, run_id, 0, 0, meta, bufs)
-            if not ep.flush_all(workers):
+            if not ep.flush_all(workers, stall=ep.timeout):
                 raise self.died(self.dead_workers() or list(workers))
             special = self._special.get(cmd)
             self._computing = True          # the driver does not poll while it computes
@@ -324,12 +345,20 @@ class RayPool(WorkerPool):
                 report, flight = decode(m)
                 raise with_flights(host_error(report, lambda text: WorkerError(
                     f"worker {w} (Ray actor) failed: {text}")), [flight])
+            elif m.a == DIED:
+                err = lost_error(decode(m), "; the Ray worker pool cannot be used again")
+                self.broken = str(err)
+                raise err
 
     def _wait_replies(self, run_id: int, workers: Sequence[int],
                       deadline: Optional[float]) -> None:
+        """Wait for the workers' replies to run `run_id`. A worker that sends nothing for
+        POPXL_COLLECTIVE_TIMEOUT seconds meanwhile is stopped, hung or far slower than this
+        one: CollectiveTimeout, as in a collective."""
         ep = self.endpoint
         start = time.monotonic()
         told: set = set()                          # (finished worker, waiting worker) pairs
+        silence = Silence(ep, workers)
         backoff = Backoff()
         while True:
             moved = ep.progress()
@@ -355,6 +384,10 @@ class RayPool(WorkerPool):
                 self.broken = f"worker(s) {pending} did not answer within {_CLOSE_GRACE:g} s"
                 raise WorkerError(f"worker(s) {pending} (Ray actors) did not answer; the Ray "
                                   f"worker pool cannot be used again")
+            quiet = silence.over(ep.timeout, pending)
+            if quiet:
+                raise ep.silent(quiet, ep.timeout, "sent nothing for {t:g} s while worker 0 "
+                                                   "waited for its reply")
             backoff.wait()
 
     def _replied_during_collective(self, run_id: int, waiting: Sequence[int]) -> bool:
@@ -373,6 +406,15 @@ class RayPool(WorkerPool):
             self._discard()
             return
         pending = [w for w in workers if w not in ep.replies]
+        silent = [w for w in getattr(exc, "workers", ()) if w in pending] \
+            if isinstance(exc, CollectiveTimeout) else []
+        if silent:
+            # They sent nothing for the whole timeout (stopped or hung): they cannot take an
+            # abort either, and waiting for them would only delay the error.
+            self.broken = (f"worker(s) {silent} sent nothing within {ep.timeout:g} s "
+                           f"(stopped or hung?)")
+            self._discard()
+            return
         reason = f"another worker failed: {describe(exc)}".encode()
         for w in pending:
             ep.links[w].post(ABORT, run_id, 0, 0, reason)
