@@ -13,7 +13,7 @@ from .dtypes import FLOAT8_DTYPES, host_view, storage_numpy, storage_view
 from .remote_buffer import check_variables_fit_buffers
 from .runtime import create_runtime
 from .session_checks import (as_stream_mapping, check_output_array, checked_downcast,
-                             number_as, read_only, session_failed)
+                             number_as, read_only, session_failed, variable_data_array)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
@@ -208,8 +208,16 @@ class Session:
         return set(self._expected)
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
-        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy())
-                for s in self._d2h}
+        out = {}
+        for s in self._d2h:
+            shape = self._full_input_shape(s.shape)
+            try:
+                out[s] = np.empty(shape, s.dtype.as_numpy())
+            except MemoryError as e:
+                raise MemoryError(f"Session: the host buffer of d2h_stream '{s.tensor_id}' "
+                                  f"(shape {shape}, {s.dtype.name}) cannot be allocated: "
+                                  f"{e}") from None
+        return out
 
     def _as_transfers(self, stream, arr: np.ndarray, is_input: bool) -> np.ndarray:
         """Check `arr` against the stream and view it as `(T, R, *shape)`."""
@@ -456,7 +464,7 @@ class Session:
                                     f"popxl.fp8_utils.host_pow2scale_cast_to_fp8)")
                 arr = np.full(v.shape_on_host, number_as(v.id, data, want), dtype=want)
             else:
-                arr = to_numpy(data, copy=False, downcast=False)
+                arr = variable_data_array(v.id, data, v.shape_on_host, want)
                 if arr.dtype != want:
                     raise TypeError(
                         f"The dtype of the input array {arr.dtype} must match the equivalent "

@@ -9,9 +9,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import SessionFailed
+from .utils import to_numpy
 
 __all__ = ["as_stream_mapping", "checked_downcast", "number_as", "check_output_array",
-           "read_only", "session_failed"]
+           "read_only", "session_failed", "variable_data_array"]
 
 _INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.iinfo(np.uint32)}
 
@@ -66,16 +67,33 @@ def number_as(tensor_id: str, value: Any, want: np.dtype):
             exact = False
         problem = None if exact else "is not exactly representable"
     elif want.kind == "f":
+        try:    # float(): a Python int beyond int64 is no NumPy number
+            as_float = float(value)
+        except OverflowError:
+            as_float = None
         with np.errstate(over="ignore"):
-            converted = np.asarray(value).astype(want)
-        problem = ("overflows" if np.isinf(converted) and np.isfinite(value) else None)
+            converted = None if as_float is None else np.asarray(as_float).astype(want)
+        problem = ("overflows" if converted is None or (np.isinf(converted)
+                                                         and np.isfinite(as_float)) else None)
     else:
         problem = None
     if problem is not None:
         raise ValueError(f"write_variable_data: the value {value!r} for variable {tensor_id} "
                          f"{problem} in its dtype {want.name}: it would be stored as a different "
                          f"value. Convert it yourself if that is intended.")
-    return np.asarray(value).astype(want)
+    return np.asarray(value if want.kind in "biuc" else float(value)).astype(want)
+
+
+def variable_data_array(tensor_id: str, data: Any, host_shape, want: np.dtype) -> np.ndarray:
+    """`data` for `write_variable_data` as a NumPy array (not yet checked against the
+    variable's dtype and shape); a TypeError naming the variable and what it expects when it
+    is no array at all (a ragged list, an object NumPy cannot convert)."""
+    try:
+        return to_numpy(data, copy=False, downcast=False)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"write_variable_data: the data for variable {tensor_id} is not an "
+                        f"array ({type(data).__name__}: {type(e).__name__}: {e}); expected a "
+                        f"NumPy array of shape {tuple(host_shape)} and dtype {want}") from None
 
 
 def _raise_changed(stream_id: str, arr: np.ndarray, value, want: np.dtype, how: str) -> None:

@@ -124,7 +124,8 @@ def test_get_tensor_data_rejects_non_variables():
 
 @pytest.mark.parametrize("dtype,value", [(np.int32, 3.7), (np.float32, 1e300), (np.uint8, -1),
                                          (np.int32, float("nan")), (np.uint8, 256),
-                                         (np.bool_, 2)])
+                                         (np.bool_, 2), (np.float16, 2**70),
+                                         (np.float32, 10**400), (np.int32, 2**70)])
 def test_write_variable_data_refuses_numbers_it_would_change(dtype, value):
     """A Python number written to a variable must be representable in its dtype (a fraction
     into an integer variable, a value out of range, NaN into an integer, a finite overflow to
@@ -144,7 +145,8 @@ def test_write_variable_data_refuses_numbers_it_would_change(dtype, value):
                                               (np.float32, 0.1, np.float32(0.1)),
                                               (np.float16, 1e4, np.float16(1e4)),
                                               (np.uint8, 255, 255), (np.bool_, True, True),
-                                              (np.float32, float("inf"), np.inf)])
+                                              (np.float32, float("inf"), np.inf),
+                                              (np.float32, 2**70, np.float32(2.0**70))])
 def test_write_variable_data_takes_representable_numbers(dtype, value, want):
     ir = popxl.Ir()
     with ir.main_graph:
@@ -154,6 +156,24 @@ def test_write_variable_data_takes_representable_numbers(dtype, value, want):
         got = sess.get_tensor_data(v)
     assert got.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got, np.full(2, want, dtype))
+
+
+@pytest.mark.parametrize("data,why", [([[1.0, 2.0, 3.0], [4.0]], "inhomogeneous"),
+                                      ([np.zeros(2), np.zeros(3)], "inhomogeneous")])
+def test_write_variable_data_names_the_variable_for_data_that_is_no_array(data, why):
+    """Data NumPy cannot turn into one array (a ragged list) is refused naming the variable
+    and the shape and dtype it expects, not with NumPy's message alone; the variable keeps
+    its value."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.zeros((2, 3), np.float32), name="weight")
+    with popxl.Session(ir, "cpu") as sess:
+        with pytest.raises(TypeError, match=rf"^write_variable_data: the data for variable "
+                                            rf"weight is not an array \(list: ValueError: .*"
+                                            rf"{why}.*\); expected a NumPy array of shape "
+                                            rf"\(2, 3\) and dtype float32$"):
+            sess.write_variable_data(v, data)
+        np.testing.assert_array_equal(sess.get_tensor_data(v), np.zeros((2, 3), np.float32))
 
 
 def test_variables_updated_in_place_persist_across_runs():
