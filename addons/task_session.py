@@ -241,6 +241,10 @@ class TaskSession(popxl.Session):
         if os.path.exists(info):
             with _reading(info), open(info) as f:
                 session_state = json.load(f)
+            if not isinstance(session_state, dict):
+                raise ValueError(f"load_checkpoint: {info} is unreadable (it holds a JSON "
+                                 f"{_json_kind(session_state)}, not the object of session state "
+                                 f"save_checkpoint writes, e.g. {{\"steps\": 10}})")
         updates = {}
         for key, path in files.items():
             var = state.get(key)
@@ -275,6 +279,13 @@ class TaskSession(popxl.Session):
 
     def wandb_variable_histograms(self, step: int = 0) -> None:
         raise NotImplementedError(_NO_WANDB.format(what="wandb_variable_histograms"))
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a decoded value's type (list -> "array", str -> "string" ...)."""
+    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+             type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 @contextlib.contextmanager
