@@ -212,6 +212,8 @@ def _defaults() -> Dict[str, Any]:
         "constantWeights": True, "batchSerializationSettings": None,
         "automaticLossScalingSettings": None, "developerSettings": None,
         "kahnTieBreaker": "greedy", "swapLimitScheduler": -1, "timeLimitScheduler": 1e9,
+        # float8: a log2 scale outside [-32, 32) at run time raises (else undefined upstream)
+        "throwIfLog2ScaleTensorNotInRange": True,
     }
 
 

@@ -146,6 +146,10 @@ class PbTensor:
     def getIr(self) -> "PbIr":
         return PbIr(self._graph.ir)
 
+    def hasTensorData(self) -> bool:
+        """Whether the tensor holds data at graph-construction time (constants, variables)."""
+        return self._info.data is not None
+
     def hasProducer(self) -> bool:
         return self.id in self._graph._data.producer
 

@@ -101,6 +101,7 @@ class Session:
         ir._prepared = True
         data = ir._data
         data.floating_point_checks = bool(ir._session_opts().enableFloatingPointChecks)
+        data.log2_scale_checks = bool(ir._session_opts().throwIfLog2ScaleTensorNotInRange)
         main = data.main
         self._variables = {t: i for t, i in main.tensors.items() if i.kind == TensorKind.VARIABLE}
         self._host_weights: Dict[str, np.ndarray] = {

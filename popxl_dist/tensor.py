@@ -167,33 +167,49 @@ class Tensor:
 
     @property
     def ipu(self) -> int:
-        op = self._graph._data.producer.get(self.id)
-        if op is None or "ipu" in self._info.extra:   # multi-IPU ops place each output
-            ipu = self._info.extra.get("ipu", 0)
-        else:
-            ipu = op.ipu
-        if ipu is None:
-            raise UndefinedValue(f"The ipu of tensor '{self.id}' is undefined")
+        """The IPU the tensor is on; `UndefinedValue` if nothing places it (see `_placement`)."""
+        ipu, _ = self._get_ipu_and_tile_set(raise_on_undefined_tile_set=False)
         return ipu
 
     @property
     def tile_set(self) -> str:
-        op = self._graph._data.producer.get(self.id)
-        return op.tile_set if op is not None else "compute"
+        """"compute" or "io"; `UndefinedValue` if nothing places the tensor."""
+        _, tile_set = self._get_ipu_and_tile_set(raise_on_undefined_ipu=False)
+        return tile_set
+
+    def _placement(self, consumers: bool = True) -> Tuple[Optional[int], str]:
+        """(ipu, tile set) as upstream derives them: the producer's (an IPU copy's destination,
+        an output a multi-IPU op placed: its own IPU); else, for a graph input, the op calling
+        the graph; else the first op consuming it (an IPU copy: its source); (None,
+        "undefined") when nothing places it. `consumers=False` skips the two searches (the op
+        builders' checks, which treat an unplaced tensor as matching any)."""
+        gd = self._graph._data
+        op = gd.producer.get(self.id)
+        if op is not None:
+            return self._info.extra.get("ipu", op.ipu), op.tile_set
+        if "ipu" in self._info.extra:
+            return self._info.extra["ipu"], "compute"
+        if consumers:
+            if self.id in gd.inputs:
+                for pgd in self._graph.ir._data.graphs.values():
+                    for o in pgd.ops:
+                        if gd.id in o.called:
+                            return o.ipu, o.tile_set
+            for o in gd.ops:
+                if self.id in o.inputs:
+                    return (o.attrs["source"] if o.type == "IpuCopy" else o.ipu), o.tile_set
+        return None, "undefined"
 
     def _get_ipu_and_tile_set(self, raise_on_undefined_tile_set: bool = True,
                               raise_on_undefined_ipu: bool = True) -> Tuple[int, str]:
-        """(ipu, tile set) of this tensor; raises `UndefinedValue` where undefined (as asked)."""
-        try:
-            ipu = self.ipu
-        except UndefinedValue:
-            if raise_on_undefined_ipu:
-                raise
-            ipu = -1
-        tile_set = self.tile_set
-        if tile_set == "undefined" and raise_on_undefined_tile_set:
-            raise UndefinedValue(f"The tile set of tensor '{self.id}' is undefined")
-        return ipu, tile_set
+        """(ipu, tile set) of this tensor (-1 for an undefined IPU); raises `UndefinedValue`
+        where undefined (as asked)."""
+        ipu, tile_set = self._placement()
+        if raise_on_undefined_tile_set and tile_set == "undefined":
+            raise UndefinedValue("Tensor's tile set is undefined.")
+        if raise_on_undefined_ipu and ipu is None:
+            raise UndefinedValue("Tensor's IPU is undefined.")
+        return (-1 if ipu is None else ipu), tile_set
 
     @property
     def in_sync_with_ipu(self) -> bool:
@@ -351,7 +367,7 @@ class Tensor:
         return True
 
     def __repr__(self) -> str:
-        return f"Tensor[{self.id} {self.dtype} {self.shape}]"
+        return f"{type(self).__name__}[{self.id} {self.dtype} {self.shape}]"
 
 
 class Variable(Tensor, tensor_type="Variable"):

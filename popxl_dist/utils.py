@@ -8,6 +8,8 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from . import dtypes
+# As upstream: popxl.utils imports these, so `import popxl` also makes `popxl.fp8_utils`.
+from .fp8_utils import host_pow2scale_cast_to_fp8  # noqa: F401  (upstream's name here)
 
 __all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes", "HW_DEVICE_CONNECTION_TIMEOUT",
            "torch_imported"]
@@ -91,8 +93,6 @@ def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
 def _to_float8_codes(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Optional[int],
                      nan_on_overflow: Optional[bool]) -> np.ndarray:
     """float8 data (structured dtype) of `x` for `to_numpy` with a float8 `dtype`."""
-    from .fp8_utils import host_pow2scale_cast_to_fp8
-
     if type(x).__module__.startswith("torch"):
         x = x.detach().cpu().numpy()
     if not isinstance(x, np.ndarray):

@@ -162,6 +162,9 @@ class IrData:
         # SessionOptions.enableFloatingPointChecks when the Session was created: overflow,
         # division by zero and invalid operations raise instead of giving inf / NaN
         self.floating_point_checks = False
+        # SessionOptions.throwIfLog2ScaleTensorNotInRange when the Session was created: a float8
+        # op's log2 scale outside [-32, 32) raises (a Poplar runtime error upstream)
+        self.log2_scale_checks = True
 
     @property
     def main(self) -> GraphData:

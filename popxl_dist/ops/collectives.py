@@ -24,6 +24,7 @@ from popart import CollectiveOperator
 from .. import dtypes
 from ..context import gcg
 from ..replica_grouping import ReplicaGrouping
+from ..errors import UndefinedValue
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
 from .shape import reshape, transpose
@@ -342,7 +343,11 @@ def _all_reduce_ipus(opname: str, ts: Sequence[Tensor], ipus: Optional[Sequence[
                              f"{t.shape} {t.dtype.name}")
     op = _check_op(opname, op, first)
     if ipus is None:
-        ipus = [t.ipu for t in ts]
+        try:
+            ipus = [t.ipu for t in ts]
+        except UndefinedValue as e:
+            raise ValueError("Could not automatically infer the IPU of all input Tensors `ts`. "
+                             "Please specify the IPUs via the `ipus` parameter.") from e
     elif (not isinstance(ipus, (list, tuple))
           or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ipus)):
         raise TypeError(f"{opname}: 'ipus' must be a list of non-negative ints, got {ipus!r}")
