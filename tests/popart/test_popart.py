@@ -113,6 +113,34 @@ def test_device_info():
     assert sess.device == "ipu_hw"
 
 
+def test_device_manager_hands_out_emulated_devices():
+    """Upstream's DeviceManager as test helpers use it: every kind of device is the emulator,
+    so acquiring never fails; the devices run Sessions and detach on leaving `with`."""
+    dm = popart.DeviceManager()
+    hw = dm.acquireAvailableDevice(numIpus=2, tilesPerIpu=4, pattern=popart.SyncPattern.Full,
+                                   connectionType=popart.DeviceConnectionType.OnDemand,
+                                   selectionCriterion=popart.DeviceSelectionCriterion.Random)
+    assert hw.type == popart.DeviceType.Ipu and hw.numIpus == 2 and hw.tilesPerIPU == 4
+    model = dm.createIpuModelDevice({"numIPUs": 4, "tilesPerIPU": 8, "ipuVersion": "ipu2"})
+    assert model.type == popart.DeviceType.IpuModel and model.numIpus == 4
+    assert dm.createCpuDevice().type == popart.DeviceType.Cpu
+    assert [d.numIpus for d in dm.enumerateDevices(numIpus=8)] == [8]
+    assert dm.acquireDeviceById(3).id == 3
+    dm.setOnDemandAttachTimeout(900)
+    with pytest.raises(ValueError, match="numIpus must be a positive int, got 0"):
+        dm.acquireAvailableDevice(numIpus=0)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.float32(2), name="v")
+        ops.var_updates.accumulate_(v, popxl.constant(np.float32(1)))
+    with hw as device:
+        device.attach()
+        with popxl.Session(ir, device) as sess:
+            sess.run()
+            assert sess.device == "ipu_hw" and sess.get_tensor_data(v) == 3.0
+    assert not hw.isAttached
+
+
 def test_weights_io_through_pb_session():
     ir = popxl.Ir()
     with ir.main_graph:

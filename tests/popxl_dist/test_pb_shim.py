@@ -76,6 +76,9 @@ def test_tensor_views_and_round_trips():
     assert [o.opType() for o in gi.getConsumers()] == ["MatMul"]
     assert g._pb_graph.getInputIndex(gi.id) == 1
     assert ir._pb_ir.getGraph(g.id) == g._pb_graph and ir._pb_ir.hasGraph(g.id)
+    # data at construction time: variables and constants have it, op outputs do not
+    assert x._pb_tensor.hasTensorData() and w._pb_tensor.hasTensorData()
+    assert not pt.hasTensorData() and not gi.hasTensorData()
 
 
 def test_graph_mutations_through_the_view():
