@@ -254,17 +254,17 @@ class TaskSession(popxl.Session):
                 if skip_memmap and _memmap_of(var) is not None:
                     continue
                 with _reading(path):
-                    data = np.fromfile(path, var.dtype.as_numpy()).reshape(var.shape_on_host)
+                    data = np.fromfile(path, var.dtype.as_numpy()).reshape(var._retrieved_shape)
             else:
                 with _reading(path), np.load(path) as f:
                     if key not in f.files:
                         raise ValueError(f"load_checkpoint: {path} holds {f.files}, not the "
                                          f"array '{key}'")
                     data = f[key]
-                if data.shape != tuple(var.shape_on_host):
+                if data.shape != tuple(var._retrieved_shape):
                     raise ValueError(f"load_checkpoint: {path} holds shape {data.shape}, the "
-                                     f"variable '{key}' has {tuple(var.shape_on_host)} on the "
-                                     f"host")
+                                     f"variable '{key}' has {tuple(var._retrieved_shape)} on "
+                                     f"the host")
             updates[var] = data
         if self._dataloader is not None:
             path = os.path.join(checkpoint_dir, "dataloader.bin")

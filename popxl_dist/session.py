@@ -577,12 +577,12 @@ class Session:
                 raise NotImplementedError(f"{what}: destination '{d.id}' has retrieval_mode "
                                           f"'all_replicas' with group_size > 1, which cannot "
                                           f"be written (as upstream)")
-            if tuple(s.shape_on_host) != tuple(d.shape_on_host):
+            if tuple(s._retrieved_shape) != tuple(d._retrieved_shape):
                 raise ValueError(
                     f"{what}: '{s.id}' ({s.replica_grouping.num_groups} group(s), retrieval "
-                    f"'{s.retrieval_mode}', host shape {tuple(s.shape_on_host)}) and "
+                    f"'{s.retrieval_mode}', host shape {tuple(s._retrieved_shape)}) and "
                     f"'{d.id}' ({d.replica_grouping.num_groups} group(s), host shape "
-                    f"{tuple(d.shape_on_host)}) have different host layouts")
+                    f"{tuple(d._retrieved_shape)}) have different host layouts")
             pairs.append((s, d))
         return pairs
 

@@ -384,12 +384,21 @@ class Variable(Tensor, tensor_type="Variable"):
 
     @property
     def shape_on_host(self) -> Tuple[int, ...]:
+        """The variable's shape on the host: an outer dimension of one value per replica group
+        when there are several groups (upstream's; whatever the retrieval mode)."""
         rg = self.replica_grouping
-        if self.retrieval_mode == "all_replicas" and rg.group_size > 1:
-            return (self.ir.replication_factor, *self._full_shape)
         if rg.num_groups > 1:
             return (rg.num_groups, *self._full_shape)
         return self._full_shape
+
+    @property
+    def _retrieved_shape(self) -> Tuple[int, ...]:
+        """The shape of `Session.get_tensor_data`'s result: one value per replica for
+        "all_replicas" retrieval of groups of several replicas, else `shape_on_host`."""
+        rg = self.replica_grouping
+        if self.retrieval_mode == "all_replicas" and rg.group_size > 1:
+            return (self.ir.replication_factor, *self._full_shape)
+        return self.shape_on_host
 
     @property
     def shape_on_replica(self) -> Tuple[int, ...]:

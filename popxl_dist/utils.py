@@ -28,7 +28,8 @@ _DOWNCAST = downcast_np_dtypes
 def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True,
              copy: bool = True, log2_scale: Optional[int] = None,
              nan_on_overflow: Optional[bool] = None) -> np.ndarray:
-    """Convert host data (NumPy, Python scalars/sequences, torch tensors) to a NumPy array.
+    """Convert host data (NumPy, Python scalars/sequences, torch tensors) to a C-ordered NumPy
+    array, a copy of the data unless `copy` is false (then shared where no conversion is needed).
 
     With no `dtype`, 64-bit ints and floats are downcast to 32 bits when `downcast` is true
     (Python ints become int32, floats float32). A memmap is returned as it is: it must already
@@ -54,18 +55,15 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
         raise RuntimeError(f"log2_scale and nan_on_overflow are only for float8 dtypes, got "
                            f"dtype {dtype!r}")
     if isinstance(x, np.memmap):
-        arr = x
-    elif type(x).__module__.startswith("torch"):
-        arr = x.detach().cpu().numpy()
-    else:
-        arr = np.asarray(x)
+        return x                                  # checked above: it needs no conversion
+    src = x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else x
+    arr = np.asarray(src, order="C")           # C order, as upstream
     want = dtype.as_numpy() if dtype is not None else \
         _DOWNCAST.get(arr.dtype) if downcast else None
     if want is not None and arr.dtype != want:
         return arr.astype(want)        # a new array: no copy needed before it
-    if (copy and isinstance(x, np.ndarray) and not isinstance(x, np.memmap)
-            and np.may_share_memory(arr, x)):
-        return np.array(arr, copy=True)
+    if copy and isinstance(src, np.ndarray) and np.may_share_memory(arr, src):
+        return np.array(arr, copy=True)   # torch's numpy() shares the tensor's memory
     return arr
 
 
