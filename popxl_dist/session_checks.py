@@ -12,7 +12,7 @@ from .errors import SessionFailed
 from .utils import to_numpy
 
 __all__ = ["as_stream_mapping", "checked_downcast", "number_as", "check_output_array",
-           "read_only", "session_failed", "variable_data_array"]
+           "read_only", "session_failed", "variable_data_array", "check_compilable_dtypes"]
 
 _INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.iinfo(np.uint32)}
 
@@ -140,3 +140,46 @@ def session_failed(what: str, first: BaseException) -> SessionFailed:
         f"weights (the values last copied to the host).")
     err.first_error = first
     return err
+
+
+# Operand dtypes upstream's builders accept but no IPU program compiles (Poplar has no integer
+# codelets for them): refused when the Session is made, naming the op and where it was built.
+# op type -> fn(op) -> [(input index, operand name, "float" or "int")]
+_FLOAT_0 = ("Exp", "ExpInplace", "Log", "Sqrt", "Sin", "Cos", "Tanh", "GeluErf",
+            "GeluErfInplace", "Swish", "SwishInplace", "Dropout", "ShapedDropout", "LambSquare")
+
+
+def _updater_operands(op) -> list:
+    names = (["weight"] if op.attrs.get("has_weight") else []) + \
+        ["acc_first_order", "acc_second_order"]
+    out = [(i, n, "float") for i, n in enumerate(names)]
+    if op.attrs.get("has_step"):
+        out.append((len(op.inputs) - 1, "time_step", "float"))
+    return out
+
+
+_OPERAND_DTYPES = {
+    **{t: (lambda op: [(0, "t", "float")]) for t in _FLOAT_0},
+    **{t: _updater_operands for t in ("AdamUpdater", "LambUpdater", "AdaMaxUpdater")},
+    "AdamVarUpdate": lambda op: [(0, "t", "float"), (1, "x", "float")],
+    "NlllWithSoftmaxGradDirect": lambda op: [(1, "labels", "int")],
+}
+
+
+def check_compilable_dtypes(ir_data) -> None:
+    """A TypeError for the first op whose operands have a dtype its IPU program cannot take
+    (an integer input to exp, dropout or an Adam updater, float labels of a fused NLL...):
+    upstream builds such ops, and fails when the Session compiles them; so does this."""
+    for gd in ir_data.graphs.values():
+        for op in gd.ops:
+            rule = _OPERAND_DTYPES.get(op.type)
+            if rule is None:
+                continue
+            for index, name, want in rule(op):
+                info = gd.tensors[op.inputs[index]]
+                ok = info.dtype.is_floating_point if want == "float" else info.dtype.is_int
+                if not ok:
+                    kind = "a floating point" if want == "float" else "an integer"
+                    raise TypeError(
+                        f"Session: {op.describe()}: '{name}' '{info.id}' must have {kind} dtype, "
+                        f"got {info.dtype.name} (the op builds, as upstream, but cannot compile)")

@@ -367,7 +367,9 @@ class Tensor:
         return True
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}[{self.id} {self.dtype} {self.shape}]"
+        # `Tensor[...]` for every class, as the seed documents print (SDK 3.0/3.1); upstream
+        # 3.2+ names the class (`Variable[...]`).
+        return f"Tensor[{self.id} {self.dtype} {self.shape}]"
 
 
 class Variable(Tensor, tensor_type="Variable"):

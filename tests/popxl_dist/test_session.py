@@ -176,6 +176,40 @@ def test_write_variable_data_names_the_variable_for_data_that_is_no_array(data, 
         np.testing.assert_array_equal(sess.get_tensor_data(v), np.zeros((2, 3), np.float32))
 
 
+@pytest.mark.parametrize("build,op,operand,kind", [
+    (lambda f, i: ops.exp(i), "Exp", "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.swish_(i), "SwishInplace", "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.dropout(i, popxl.variable(np.array([1, 2]), popxl.uint32), 0.5),
+     "Dropout", "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.lamb_square(i), "LambSquare", "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.var_updates.adam_updater(i, i), "AdamUpdater", "'acc_first_order' 'i'",
+     "a floating point"),
+    (lambda f, i: ops.var_updates.lamb_updater(f, f, weight=i, weight_decay=0.1),
+     "LambUpdater", "'weight' 'i'", "a floating point"),
+    (lambda f, i: ops.var_updates.adam_updater(f, f, time_step=i[0, 0], beta1=0.9, beta2=0.9),
+     "AdamUpdater", "'time_step'", "a floating point"),
+    (lambda f, i: ops.var_updates.adam_var_update(i, f, f[0, 0], f[0, 0]), "AdamVarUpdate",
+     "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.nll_loss_with_softmax_grad(f, f[:, 0]), "NlllWithSoftmaxGradDirect",
+     "'labels'", "an integer"),
+])
+def test_operand_dtypes_no_ipu_program_takes_are_refused_by_the_session(build, op, operand,
+                                                                        kind):
+    """As upstream, these ops build with such operands (an integer input to exp, dropout or an
+    Adam updater; float labels); the Session refuses them, naming the op, the operand and
+    where the op was built, before anything runs."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        f = popxl.variable(np.ones((2, 2), np.float32), name="f")
+        i = popxl.variable(np.ones((2, 2), np.int32), name="i")
+        build(f, i)                                       # builds, as upstream
+    with pytest.raises(TypeError, match=rf"^Session: {op}\.\d+ .* \(built at .*test_session.py:"
+                                        rf"\d+\): {operand}.* must have {kind} dtype, got "
+                                        rf"\w+ \(the op builds, as upstream, but cannot "
+                                        rf"compile\)$"):
+        popxl.Session(ir, "cpu")
+
+
 def test_variables_updated_in_place_persist_across_runs():
     ir = popxl.Ir()
     with ir.main_graph:

@@ -1,6 +1,6 @@
 """Tensor placement as upstream derives it (`ipu`, `tile_set`: from the producer, the call
 site, the first consumer; UndefinedValue when nothing places a tensor), Graph.tensors with the
-host streams' tensors, and class-named reprs."""
+host streams' tensors."""
 import numpy as np
 import pytest
 
@@ -74,13 +74,3 @@ def test_graph_tensors_include_the_host_streams():
     ids = {t.id for t in g.tensors}
     assert {s.tensor_id, out.tensor_id, x.id} <= ids
     assert len(g.tensors) == 4                             # x, y streams; init; host_load out
-
-
-def test_reprs_name_the_tensor_class():
-    ir = popxl.Ir()
-    with ir.main_graph:
-        v = popxl.variable(np.ones(1, np.int32), name="bob")
-        c = popxl.constant(np.ones(1, np.int32), name="k")
-        assert repr(v) == "Variable[bob popxl.dtypes.int32 (1,)]"
-        assert repr(c) == "Constant[k popxl.dtypes.int32 (1,)]"
-        assert repr(v + c) == "Tensor[add_out popxl.dtypes.int32 (1,)]"
