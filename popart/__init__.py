@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from ._device import (DeviceConnectionType, DeviceInfo, DeviceManager, DeviceSelectionCriterion,
                       DeviceType, SyncPattern)
 from ._internal._types import DataType
+from ._logging import Logger, getLogger
 from ._errors import (OutOfMemoryException, popart_exception, popart_internal_exception,
                       poplar_application_runtime_error, poplar_exception,
                       poplar_recoverable_runtime_error, poplar_runtime_error,
@@ -42,7 +43,7 @@ __all__ = [
     "OptimizerValue", "PyWeightsIO", "DeviceInfo", "DeviceType", "DeviceManager", "SyncPattern",
     "DeviceConnectionType", "DeviceSelectionCriterion", "CommGroup", "CommGroupType",
     "TileSet", "ExecutionContext", "VariableSettings", "VariableRetrievalMode", "DataType",
-    "InferenceSession", "TrainingSession",
+    "InferenceSession", "TrainingSession", "getLogger", "Logger",
 ]
 
 # The PopART release whose PopXL API the emulator follows (see the references).

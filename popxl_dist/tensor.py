@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import collections.abc
-import logging
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Optional, Tuple, Union
 
 import numpy as np
+from popart import getLogger
 
 from . import dtypes
 from ._ir.records import TensorInfo, TensorKind
 from .context import gcg
 from .errors import UndefinedValue
 from .tensorlocation import TileSet
-from .utils import to_numpy
+from .utils import check_memmap, to_numpy
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -480,6 +480,8 @@ def _host_array(data, dtype, downcast, what: str, log2_scale=None,
     if isinstance(data, Tensor):
         raise TypeError(f"{what}: `data` must be host data (NumPy, Python, torch), got {data!r}")
     d = dtypes.dtype.as_dtype(dtype) if dtype is not None else None
+    if isinstance(data, np.memmap):
+        check_memmap(data, d)         # upstream's messages, as they are
     try:
         arr = to_numpy(data, d, downcast=downcast, log2_scale=log2_scale,
                        nan_on_overflow=nan_on_overflow)
@@ -498,10 +500,10 @@ def _unshare_memmap_of_non_const_grouping(arr: np.ndarray, rg, name: Optional[st
     """As upstream, a variable with a non-constant replica grouping copies memmap data (its
     host layout is not the device's), so it is not memmap-backed: warn and copy."""
     if isinstance(arr, np.memmap) and rg is not None and not rg.is_const:
-        logging.getLogger("popxl").warning(
-            "In creation of variable %s, you have passed np.memmap data and a non-const "
-            "replica grouping (%r), which requires a copy of the np.memmap data: the variable "
-            "is not backed by the memmap", name or "t", rg)
+        getLogger().warn(      # PopART's logger, as upstream (stderr, not Python logging)
+            f"In creation of variable {name or 't'}, you have passed np.memmap data and a "
+            f"non-const replica grouping ({rg!r}), which requires a copy of the np.memmap data: "
+            f"the variable is not backed by the memmap")
         return np.array(arr, copy=True)
     return arr
 

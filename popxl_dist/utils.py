@@ -48,7 +48,7 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
             float8 data).
     """
     if isinstance(x, np.memmap):
-        _check_memmap(x, dtype)
+        check_memmap(x, dtype)
     if dtype is not None and dtype in dtypes.FLOAT8_DTYPES:
         return _to_float8_codes(x, dtype, copy, log2_scale, nan_on_overflow)
     if log2_scale is not None or nan_on_overflow is not None:
@@ -67,7 +67,7 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
     return arr
 
 
-def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
+def check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
     """A memmap is used as it is (never copied), so, as upstream, it must already have the
     requested dtype, be C-ordered and aligned, and need no downcast."""
     if dtype is not None:
@@ -82,7 +82,7 @@ def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
                          f"{'' if x.flags.aligned else ', unaligned'})")
     if x.dtype in _DOWNCAST:
         raise ValueError(f"When passing a memory-mapped NumPy array, the dtype "
-                         f"{dtype.name if dtype is not None else None} is not supported, as it "
+                         f"{dtype} is not supported, as it "
                          f"requires downcasting the array into a new array with a dtype "
                          f"supported by PopXL (the memmap is {x.dtype}; store it as "
                          f"{_DOWNCAST[x.dtype]})")

@@ -141,6 +141,31 @@ def test_device_manager_hands_out_emulated_devices():
     assert not hw.isAttached
 
 
+def test_popart_logger_writes_to_stderr_at_warn(capfd, tmp_path, monkeypatch):
+    """popart.getLogger: its own sink (stderr, not Python logging), WARN by default, upstream's
+    line format; setLevel; POPART_LOG_DEST names a file."""
+    import re
+
+    log = popart.getLogger()
+    log.info("not shown")
+    log.warn("shown")
+    err = capfd.readouterr().err
+    assert "not shown" not in err
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z popart \d+\.\d+ W: shown\n", err)
+    log.setLevel("DEBUG")
+    try:
+        popart.getLogger("session").debug("now shown")
+        assert re.search(r" popart:session \d+\.\d+ D: now shown$", capfd.readouterr().err)
+        monkeypatch.setenv("POPART_LOG_DEST", str(tmp_path / "popart.log"))
+        log.error("to the file")
+        assert capfd.readouterr().err == ""
+        assert (tmp_path / "popart.log").read_text().endswith(" E: to the file\n")
+        with pytest.raises(ValueError, match="unknown level 'LOUD'"):
+            log.setLevel("LOUD")
+    finally:
+        log.setLevel("WARN")
+
+
 def test_weights_io_through_pb_session():
     ir = popxl.Ir()
     with ir.main_graph:
