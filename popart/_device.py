@@ -57,6 +57,10 @@ class DeviceInfo:
         self._attached = True
         return True
 
+    def tryAttachUntilTimeout(self) -> bool:
+        """Attach (an emulated device is always free)."""
+        return self.attach()
+
     def detach(self) -> None:
         self._attached = False
 

@@ -112,6 +112,10 @@ class PbTensorInfo:
     def rank(self) -> int:
         return len(self._info.shape)
 
+    def data_type_lcase(self) -> str:
+        """The data type's name in lower case ("float", "float16", "int32" ...)."""
+        return str(self.dataType()).lower()
+
     def __repr__(self) -> str:
         return f"{{shape: {self.shape()}, type: {self.dataType()}}}"
 
@@ -524,6 +528,16 @@ class PbIr:
 
     def hasGraph(self, graph_id: str) -> bool:
         return graph_id in self._ir._data.graphs
+
+    def logIr(self) -> None:
+        """Log every graph's ops on PopART's "ir" logger at DEBUG level, as upstream."""
+        from popart import getLogger
+
+        log = getLogger("ir")
+        log.debug("Logging the IR:")
+        for gid, gd in self._ir._data.graphs.items():
+            log.debug(f"Graph '{gid}': " + "; ".join(op.describe() for op in gd.ops))
+        log.debug("End IR")
 
     def getId(self) -> int:
         return self._ir.id

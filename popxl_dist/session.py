@@ -144,6 +144,11 @@ class Session:
     def device(self) -> str:
         return self._device_desc
 
+    @device.setter
+    def device(self, device) -> None:
+        """Run on another device (a name or a `popart.DeviceInfo`): all are the emulator."""
+        self._set_device(device)
+
     @property
     def _pb_session(self):
         """Upstream's PopART session object: weight I/O by tensor id (see `_pb_shim`)."""

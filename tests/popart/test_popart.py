@@ -111,6 +111,8 @@ def test_device_info():
     assert sess.device == "ipu_model"
     sess._set_device(d)
     assert sess.device == "ipu_hw"
+    sess.device = popart.DeviceManager().createCpuDevice()     # assigning switches it too
+    assert sess.device == "cpu" and d.tryAttachUntilTimeout() and d.isAttached
 
 
 def test_device_manager_hands_out_emulated_devices():

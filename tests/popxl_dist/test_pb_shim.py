@@ -79,6 +79,7 @@ def test_tensor_views_and_round_trips():
     # data at construction time: variables and constants have it, op outputs do not
     assert x._pb_tensor.hasTensorData() and w._pb_tensor.hasTensorData()
     assert not pt.hasTensorData() and not gi.hasTensorData()
+    assert pt.info.data_type_lcase() == "float"
 
 
 def test_graph_mutations_through_the_view():
@@ -316,3 +317,20 @@ def test_internal_ir_names_programs_import():
     assert isinstance(_ir.op.SerialiseSettings(), _ir.op.SerialiseSettings)
     ir, g, *_ = _program()
     assert isinstance(g._pb_graph.getOps()[0].settings, Settings)
+
+
+def test_log_ir_logs_every_graph_on_popart_s_ir_logger_at_debug(capfd):
+    import popart
+
+    ir, g, x, w, y = _program()
+    capfd.readouterr()
+    ir._pb_ir.logIr()
+    assert capfd.readouterr().err == ""                   # WARN by default: nothing
+    popart.getLogger().setLevel("DEBUG")
+    try:
+        ir._pb_ir.logIr()
+    finally:
+        popart.getLogger().setLevel("WARN")
+    err = capfd.readouterr().err
+    assert "popart:ir" in err and "Logging the IR:" in err and "End IR" in err
+    assert f"Graph '{g.id}': MatMul." in err and "Gelu." in err and "Graph '': Call." in err
