@@ -84,6 +84,19 @@ def test_interpolate_matches_onnx_reference(mode, nearest_mode, ctm, scales):
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode,nearest_mode,ctm,scales", RESIZES)
+def test_float32_interpolation_is_the_exact_result_rounded_once(mode, nearest_mode, ctm,
+                                                                scales):
+    """float32 data: computed in float64 and rounded once, so the result is the float64
+    reference rounded to float32 (upstream tests it against ONNX's reference to 1e-7)."""
+    x = np.random.default_rng(4).random((1, 3, 5, 5)).astype(np.float32)
+    y, = run_ops(lambda t: ops.interpolate(t, scales, mode, nearest_mode, ctm), x)
+    exact = resize_ref(x.astype(np.float64), scales, mode, nearest_mode, ctm)
+    assert y.dtype == np.float32 and y.shape == exact.shape
+    half_ulp = np.spacing(np.abs(y)).astype(np.float64) / 2
+    assert (np.abs(y - exact) <= half_ulp * (1 + 1e-6)).all()   # float64 sum order aside
+
+
 def torch_interpolation_matrix(n_in, scale_factor, mode, align_corners):
     """(n_out, n_in) weights of PyTorch's `interpolate(scale_factor=...)` along one axis, from
     its definition: the source coordinate is `dst * (n_in - 1) / (n_out - 1)` with
