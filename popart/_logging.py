@@ -49,13 +49,23 @@ def _level(name: str) -> int:
 _root = logging.getLogger("popart")
 _root.propagate = False
 _root.addHandler(_Sink())
-_root.setLevel(_level(os.environ.get("POPART_LOG_LEVEL", "WARN")))
+_configured = False
+
+
+def _configure() -> None:
+    """Read POPART_LOG_LEVEL when PopART first logs (upstream's logging context is made then,
+    so a level set in the environment after `import popart` still counts)."""
+    global _configured
+    if not _configured:
+        _configured = True
+        _root.setLevel(_level(os.environ.get("POPART_LOG_LEVEL", "WARN")))
 
 
 class Logger:
     """One of PopART's module loggers ("all" sets every module's level)."""
 
     def __init__(self, name: str = "all") -> None:
+        _configure()
         self._log = _root if name == "all" else _root.getChild(name.lower())
 
     def setLevel(self, level: str) -> None:

@@ -7,6 +7,7 @@ import weakref
 from typing import Dict, Iterable, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
+from popart import getLogger
 
 from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, host_view, storage_numpy, storage_view
@@ -368,6 +369,8 @@ class Session:
         """Read every variable from the device into the host copy. Host buffers are replaced,
         not overwritten (except memmaps: the file is the host copy), so arrays returned by
         `get_tensor_data` earlier keep their values."""
+        log = getLogger("devicex")      # PopART's log lines for the copy, as upstream
+        log.debug("Writing weights to host")
         values = self._on_device(what, self._read_device_weights)
         for tid, value in values.items():
             buf = self._host_weights[tid]
@@ -382,6 +385,7 @@ class Session:
                 self._host_weights[tid] = value
         self._out_of_sync = False
         self._kept_on_device = False
+        log.debug("Writing weights to host complete.")
 
     def _read_device_weights(self) -> Dict[str, np.ndarray]:
         self._runtime.run_fragment("weights_to_host")

@@ -210,6 +210,35 @@ def test_operand_dtypes_no_ipu_program_takes_are_refused_by_the_session(build, o
         popxl.Session(ir, "cpu")
 
 
+def test_weights_come_to_the_host_once_per_run_and_say_so_on_popart_s_log(capfd):
+    """get_tensor_data after a run copies the weights from the device once (PopART's debug
+    lines "Writing weights to host" / "... complete.", as upstream's Devicex logs them), not
+    again while the host copy is in sync, nor after write_variables_data."""
+    import popart
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.float32(2), name="w")
+        ops.var_updates.accumulate_(w, popxl.constant(np.float32(1)))
+    sess = popxl.Session(ir, "cpu")
+    popart.getLogger().setLevel("DEBUG")
+    try:
+        capfd.readouterr()
+        with sess:
+            sess.get_tensor_data(w)
+            assert "Writing weights" not in capfd.readouterr().err   # in sync since made
+            sess.run()
+            assert sess.get_tensor_data(w) == 3.0 and sess.get_tensor_data(w) == 3.0
+            log = capfd.readouterr().err
+            assert log.count("D: Writing weights to host complete.") == 1, log
+            assert log.count("D: Writing weights to host\n") == 1, log
+            sess.write_variables_data({w: np.float32(7)})
+            sess.get_tensors_data([w])
+            assert "Writing weights to host" not in capfd.readouterr().err
+    finally:
+        popart.getLogger().setLevel("WARN")
+
+
 def test_variables_updated_in_place_persist_across_runs():
     ir = popxl.Ir()
     with ir.main_graph:
