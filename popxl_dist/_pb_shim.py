@@ -150,6 +150,22 @@ class PbTensor:
     def getIr(self) -> "PbIr":
         return PbIr(self._graph.ir)
 
+    def isAliased(self) -> bool:
+        """Whether an op's output aliases this tensor: an in-place op writing it (output 0 is
+        its input 0) or a view op of upstream's reshape_ / transpose_ family."""
+        from .engine.kernels import load_all
+        from .engine.kernels.registry import spec_of
+
+        load_all()
+        for op in self._graph._data.ops:
+            if not op.inputs or op.inputs[0] != self.id:
+                continue
+            spec = spec_of(op)
+            if spec is not None and (spec.alias or (
+                    spec.returns_input and 0 in spec.modified_inputs(op))):
+                return True
+        return False
+
     def hasTensorData(self) -> bool:
         """Whether the tensor holds data at graph-construction time (constants, variables)."""
         return self._info.data is not None
@@ -205,6 +221,13 @@ class OpSettings:
         self.executionContext = ExecutionContext[op.exec_ctx]
 
 
+# Op types whose upstream ops answer `isOptimizerOp()` with true (VarUpdateOp subclasses, the
+# Adam-family updater and LAMB's square).
+_OPTIMIZER_OP_TYPES = frozenset({"Accumulate", "AccumulatorScale", "SparseAccumulate",
+                                 "CopyVarUpdate", "AdamVarUpdate", "AdamUpdater", "LambUpdater",
+                                 "AdaMaxUpdater", "LambSquare"})
+
+
 class PbOp:
     """An op of a graph (upstream `_ir.Op`); `op_view` picks the subclass of its type."""
 
@@ -226,6 +249,31 @@ class PbOp:
     @property
     def settings(self) -> OpSettings:
         return OpSettings(self._op)
+
+    def getSettings(self) -> OpSettings:
+        return OpSettings(self._op)
+
+    def isOptimizerOp(self) -> bool:
+        """Whether upstream counts the op as an optimizer op (the variable updates and the
+        Adam / LAMB updaters)."""
+        return self._op.type in _OPTIMIZER_OP_TYPES
+
+    def getFactor(self):
+        """An accumulate op's factor as a `popart.OptimizerValue` (0.0 and not constant when
+        it is a tensor input)."""
+        from popart import OptimizerValue
+
+        attrs = self._op.attrs
+        if "f" not in attrs:
+            raise AttributeError(f"op {self._op.type} has no factor")
+        tensor = bool(attrs.get("f_tensor"))
+        return OptimizerValue(0.0 if tensor or attrs["f"] is None else attrs["f"], not tensor)
+
+    def getAxis(self) -> int:
+        """The axis attribute of ops that have one (e.g. SparseAccumulate)."""
+        if "axis" not in self._op.attrs:
+            raise AttributeError(f"op {self._op.type} has no axis")
+        return self._op.attrs["axis"]
 
     def opType(self) -> str:
         """The op type as upstream names it (e.g. "Sub", "GroupNormalization", "AdamUpdater")."""
