@@ -13,9 +13,9 @@ from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, host_view, storage_numpy, storage_view
 from .remote_buffer import check_variables_fit_buffers
 from .runtime import create_runtime
-from .session_checks import (as_stream_mapping, check_compilable_dtypes, check_output_array,
-                             checked_downcast, number_as, read_only, session_failed,
-                             variable_data_array)
+from .session_checks import (as_stream_mapping, check_compilable_dtypes, check_op_setups,
+                             check_output_array, checked_downcast, number_as, read_only,
+                             session_failed, variable_data_array)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
@@ -101,6 +101,7 @@ class Session:
         check_variables_fit_buffers(ir._data)
         check_op_to_identity_applied(ir._data)
         check_compilable_dtypes(ir._data)
+        check_op_setups(ir._data)
         ir._prepared = True
         data = ir._data
         data.floating_point_checks = bool(ir._session_opts().enableFloatingPointChecks)

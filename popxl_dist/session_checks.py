@@ -4,7 +4,7 @@ downcast to the stream's dtype would change (int64 wrapping, float64 overflowing
 from __future__ import annotations
 
 from collections import abc
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -12,7 +12,8 @@ from .errors import SessionFailed
 from .utils import to_numpy
 
 __all__ = ["as_stream_mapping", "checked_downcast", "number_as", "check_output_array",
-           "read_only", "session_failed", "variable_data_array", "check_compilable_dtypes"]
+           "read_only", "session_failed", "variable_data_array", "check_compilable_dtypes",
+           "check_op_setups"]
 
 _INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.iinfo(np.uint32)}
 
@@ -183,3 +184,32 @@ def check_compilable_dtypes(ir_data) -> None:
                     raise TypeError(
                         f"Session: {op.describe()}: '{name}' '{info.id}' must have {kind} dtype, "
                         f"got {info.dtype.name} (the op builds, as upstream, but cannot compile)")
+
+
+def _sparse_accumulate_setup(op, gd) -> Optional[str]:
+    t, x, indices = (gd.tensors[i] for i in op.inputs[:3])
+    axis = op.attrs["axis"]
+    if not 0 <= axis < len(t.shape):
+        return f"axis {axis} is out of range for 't' '{t.id}' {t.shape}"
+    want = t.shape[:axis] + indices.shape + t.shape[axis + 1:]
+    if x.shape != want:
+        return (f"'X' '{x.id}' must have shape {want} (t {t.shape} with axis {axis} replaced by "
+                f"indices {indices.shape}), got {x.shape}")
+    return None
+
+
+# Op setups upstream's builders do not check (its C++ op or Poplar fails later): op type ->
+# fn(op, graph data) -> what is wrong, or None.
+_SETUP_RULES = {"SparseAccumulate": _sparse_accumulate_setup}
+
+
+def check_op_setups(ir_data) -> None:
+    """A ValueError for the first op whose attributes and operand shapes cannot be compiled
+    although its builder accepted them, as upstream's does (see `_SETUP_RULES`)."""
+    for gd in ir_data.graphs.values():
+        for op in gd.ops:
+            rule = _SETUP_RULES.get(op.type)
+            problem = rule(op, gd) if rule is not None else None
+            if problem:
+                raise ValueError(f"Session: {op.describe()}: {problem} (the op builds, as "
+                                 f"upstream, but cannot compile)")
