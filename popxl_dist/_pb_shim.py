@@ -284,7 +284,9 @@ class PbOp:
         callee modifies that input)."""
         from ._ir.surgery import modified_inputs
 
-        return index in modified_inputs(self._graph.ir._data.graphs, self._op)
+        if self._op.type == "Loop":     # upstream's LoopOp inputs start with M and cond
+            index -= 2
+        return index >= 0 and index in modified_inputs(self._graph.ir._data.graphs, self._op)
 
     def getName(self) -> str:
         return self._op.name

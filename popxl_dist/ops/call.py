@@ -6,6 +6,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from .. import dtypes
 from .._ir.records import Op
 from ..context import gcg
+from ..errors import OpSetupError
 from ..graph import Graph
 from .._pb_shim import op_view
 from ..tensor import Tensor, constant
@@ -65,8 +66,8 @@ def _connect(graph: Graph, inputs: tuple, inputs_dict: Optional[Mapping], opname
                 raise TypeError(f"Input {where} could not be coerced into a tensor for the "
                                 f"{graph_name} graph: Type {type(v)}. Value: {v}") from None
         check_in_graph(parent, v, opname)
-        if v.shape != sub_t.shape or v.dtype != sub_t.dtype:
-            raise ValueError(f"{opname}: input {i} of graph '{graph.id}' ('{sub_t.name}') expects "
+        if v.shape != sub_t.shape or v.dtype != sub_t.dtype:    # popart's op setup refuses it
+            raise OpSetupError(f"{opname}: input {i} of graph '{graph.id}' ('{sub_t.name}') expects "
                              f"{sub_t.shape} {sub_t.dtype.name}, got '{v.id}' {v.shape} "
                              f"{v.dtype.name}")
         result.append(v)

@@ -381,3 +381,7 @@ def test_call_site_info_op_is_upstreams_op_view():
     assert isinstance(info._op, _ir.op.CallOp) and info._op.opType() == "Call"
     assert info._op.modifiesIndex(0) and not info._op.modifiesIndex(1)
     assert info.called_graph is g and info.graph_to_parent(g.inputs[0]) is v
+    with ir.main_graph:
+        loop = ops.repeat_with_info(g, 3, v, w)
+    # upstream's LoopOp inputs start with the trip count and the condition
+    assert [loop._op.modifiesIndex(i) for i in range(4)] == [False, False, True, False]
