@@ -530,3 +530,37 @@ def test_views_forward_matches_numpy(name, fn, ref, shapes, dtype):
 @pytest.mark.parametrize("name,fn,ref,shapes", VIEWS, ids=[r[0] for r in VIEWS])
 def test_views_gradients_match_finite_differences(name, fn, ref, shapes):
     check_grads(fn, ref, shapes, positive=POSITIVE.get(name, ()))
+
+
+def test_concat_and_split_shape_errors_are_popart_setup_errors():
+    """As upstream (the ops' C++ setup): popart_exception, also ValueError."""
+    import popart
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.zeros((2, 4), np.float32), name="a")
+        b = popxl.variable(np.zeros((3,), np.float32), name="b")
+        t = popxl.variable(np.zeros((5, 2), np.float32), name="t")
+        with pytest.raises(popart.popart_exception, match="shapes must match except on axis 0"):
+            ops.concat((a, b))
+        with pytest.raises(popart.popart_exception, match=r"sizes \[1, 2\] must be >= 0 and sum"):
+            ops.split(t, [1, 2])
+        with pytest.raises(ValueError):
+            ops.split(t, [1, 2])
+
+
+def test_ipu_none_leaves_ops_unplaced_as_upstream():
+    from popxl.errors import UndefinedValue
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.float32(1), name="a")
+        with popxl.ipu(None):
+            b = a + 1.0
+        with pytest.raises(UndefinedValue):
+            b.ipu
+        with pytest.raises(ValueError, match="^Could not infer the ipu for Tensor to be copied"):
+            ops.ipu_copy(b, 1)
+        with pytest.raises(ValueError, match="non-negative int or None"):
+            with popxl.ipu(-1):
+                pass
