@@ -198,9 +198,22 @@ def _sparse_accumulate_setup(op, gd) -> Optional[str]:
     return None
 
 
+def _dynamic_update_setup(op, gd) -> Optional[str]:
+    t, _, update = (gd.tensors[i] for i in op.inputs[:3])
+    window = list(t.shape)
+    for axis, size in zip(op.attrs["axes"], op.attrs["sizes"]):
+        window[axis] = size
+    if tuple(update.shape) != tuple(window):
+        return (f"'t_update' '{update.id}' has shape {update.shape}, expected the window shape "
+                f"{tuple(window)}")
+    return None
+
+
 # Op setups upstream's builders do not check (its C++ op or Poplar fails later): op type ->
 # fn(op, graph data) -> what is wrong, or None.
-_SETUP_RULES = {"SparseAccumulate": _sparse_accumulate_setup}
+_SETUP_RULES = {"SparseAccumulate": _sparse_accumulate_setup,
+                "DynamicUpdate": _dynamic_update_setup,
+                "DynamicUpdateInplace": _dynamic_update_setup}
 
 
 def check_op_setups(ir_data) -> None:

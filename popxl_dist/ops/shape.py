@@ -576,9 +576,8 @@ def _dynamic_update(opname: str, op_type: str, out_name: str, t: Tensor, index: 
     if t_update.dtype != t.dtype:
         raise TypeError(f"{opname}: 't_update' '{t_update.id}' {t_update.dtype.name} must have "
                         f"the dtype of 't' '{t.id}' {t.dtype.name}")
-    if t_update.shape != shape:
-        raise ValueError(f"{opname}: 't_update' '{t_update.id}' has shape {t_update.shape}, "
-                         f"expected the window shape {shape}")
+    # A t_update not of the window's shape builds, as upstream; the Session refuses it
+    # (session_checks.check_op_setups).
     return add_op(op_type, opname, [t, index, t_update], [Out(out_name, t.shape, t.dtype)],
                   {"axes": axes, "sizes": sizes, "no_overlap": bool(no_overlap)})[0]
 

@@ -373,8 +373,6 @@ ERRORS = [
      r"dynamic_slice: 'index' .* must have shape \(1,\)"),
     (lambda t: ops.dynamic_slice(t, _const(np.uint32([0])), [1], [4], False), ValueError,
      r"size 4 for axis 1 .* must be in \[1, 3\]"),
-    (lambda t: ops.dynamic_update(t, _const(np.uint32([0])), t, [1], [1], False), ValueError,
-     "expected the window shape"),
     (lambda t: ops.onehot(_const(np.int32([0])), ops.cast(t, popxl.int32),
                           _const(np.float32([0, 1])), 0), ValueError,
      "num_classes' .* must be a popxl.constant"),
@@ -564,3 +562,22 @@ def test_ipu_none_leaves_ops_unplaced_as_upstream():
         with pytest.raises(ValueError, match="non-negative int or None"):
             with popxl.ipu(-1):
                 pass
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_dynamic_update_of_another_shape_builds_and_the_session_refuses_it(inplace):
+    """As upstream, dynamic_update(_) builds with a t_update not of the window's shape; the
+    Session refuses it, naming the op and the window shape."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(np.ones((3, 5, 7), np.float32), name="t")
+        idx = popxl.variable(np.array([1, 2], np.uint32), name="idx")
+        u = popxl.variable(np.ones((1, 3), np.float32), name="u")
+        fn = ops.dynamic_update_ if inplace else ops.dynamic_update
+        out = fn(t, idx, u, [0, 2], [1, 3], True)
+    assert out.shape == (3, 5, 7)
+    with pytest.raises(ValueError, match=r"^Session: DynamicUpdate(Inplace)?\.\d+ .*'t_update' "
+                                         r"'u' has shape \(1, 3\), expected the window shape "
+                                         r"\(1, 5, 3\) \(the op builds, as upstream, but "
+                                         r"cannot compile\)$"):
+        popxl.Session(ir, "cpu")
