@@ -109,6 +109,15 @@ class Ir:
 
     @property
     def replication_factor(self) -> int:
+        """The replica count. As upstream, where it is kept in the Ir's SessionOptions, setting
+        `replicatedGraphCount` there (with `enableReplicatedGraphs`) before a Session is made
+        sets it too."""
+        opts = self._session_options
+        if (opts is not None and not self._prepared and not self._use_popdist
+                and self._data.instance is None):
+            count = opts.replicatedGraphCount if opts.enableReplicatedGraphs else 1
+            if isinstance(count, int) and count >= 1 and count != self._data.replication_factor:
+                self._data.replication_factor = count
         return self._data.replication_factor
 
     @replication_factor.setter

@@ -98,6 +98,7 @@ class Session:
         if weights_to_host_on_exit and ir._has_read_only_memmap:
             _log.info("Weights to host has been disabled as the ir contains a read-only "
                       "memmapped variable.")
+        _ = ir.replication_factor      # adopts replicatedGraphCount set in the SessionOptions
         check_variables_fit_buffers(ir._data)
         check_op_to_identity_applied(ir._data)
         check_compilable_dtypes(ir._data)
