@@ -7,6 +7,8 @@ refuses unknown option names with upstream's `AttributeError`.
 """
 from __future__ import annotations
 
+import os
+
 import enum
 from typing import Any, Dict, Mapping
 
@@ -230,6 +232,13 @@ class SessionOptions:
     def __init__(self) -> None:
         for k, v in _defaults().items():
             object.__setattr__(self, k, v)
+        # As upstream: POPART_CACHE_DIR / POPXL_CACHE_DIR turn engine caching on (POPXL's wins;
+        # the emulator compiles no Poplar engine, so the cache stays unused).
+        for var in ("POPART_CACHE_DIR", "POPXL_CACHE_DIR"):
+            path = os.environ.get(var)
+            if path:
+                object.__setattr__(self, "enableEngineCaching", True)
+                object.__setattr__(self, "cachePath", path)
 
     def __repr__(self) -> str:
         settings = (TensorLocationSettings, AccumulateOuterFragmentSettings)

@@ -442,6 +442,10 @@ class PbGraph:
     def __init__(self, graph: "Graph") -> None:
         self._graph = graph
 
+    def __contains__(self, tensor_id: str) -> bool:
+        """Whether the graph has a tensor of this id (upstream: `id in graph`)."""
+        return str(tensor_id) in self._graph._data.tensors
+
     @property
     def id(self) -> GraphId:
         return GraphId(self._graph.id)

@@ -137,8 +137,9 @@ class Ir:
 
     def _set_replication_options(self, opts: SessionOptions) -> None:
         if not self._use_popdist:
-            opts.replicatedGraphCount = self.replication_factor
-            opts.enableReplicatedGraphs = self.replication_factor > 1
+            r = self._data.replication_factor
+            opts.replicatedGraphCount = r
+            opts.enableReplicatedGraphs = r > 1
 
     def _session_opts(self) -> SessionOptions:
         """The `popart.SessionOptions` of this Ir, with the options upstream's Ir sets."""

@@ -195,3 +195,19 @@ def test_onnx_sessions_import_and_refuse_construction():
         with pytest.raises(NotImplementedError, match="not emulated"):
             cls.createFromOnnxModel(b"")
     assert popart.DataType.FLOAT16 == "FLOAT16"
+
+
+@pytest.mark.parametrize("env", [{"POPXL_CACHE_DIR": "/c/x"}, {"POPART_CACHE_DIR": "/c/x"},
+                                 {"POPART_CACHE_DIR": "/c/y", "POPXL_CACHE_DIR": "/c/x"}])
+def test_cache_dir_environment_turns_engine_caching_on(monkeypatch, env):
+    """As upstream's SessionOptions: POPART_CACHE_DIR / POPXL_CACHE_DIR set engine caching
+    and its path (POPXL's wins)."""
+    for k in ("POPART_CACHE_DIR", "POPXL_CACHE_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    opts = popxl.Ir()._pb_ir.getSessionOptions()
+    assert opts.enableEngineCaching and opts.cachePath == "/c/x"
+    monkeypatch.delenv("POPART_CACHE_DIR", raising=False)
+    monkeypatch.delenv("POPXL_CACHE_DIR", raising=False)
+    assert not popart.SessionOptions().enableEngineCaching

@@ -80,6 +80,7 @@ def test_tensor_views_and_round_trips():
     assert x._pb_tensor.hasTensorData() and w._pb_tensor.hasTensorData()
     assert not pt.hasTensorData() and not gi.hasTensorData()
     assert pt.info.data_type_lcase() == "float"
+    assert y.id in ir._pb_ir.getMainGraph() and "no such id" not in ir._pb_ir.getMainGraph()
 
 
 def test_graph_mutations_through_the_view():
