@@ -209,9 +209,17 @@ def _dynamic_update_setup(op, gd) -> Optional[str]:
     return None
 
 
+def _matmul_setup(op, gd) -> Optional[str]:
+    a, b = (gd.tensors[i] for i in op.inputs[:2])
+    if len(op.inputs) == 2 and a.dtype != b.dtype:
+        return (f"its operands '{a.id}' {a.dtype.name} and '{b.id}' {b.dtype.name} must have "
+                f"one dtype")
+    return None
+
+
 # Op setups upstream's builders do not check (its C++ op or Poplar fails later): op type ->
 # fn(op, graph data) -> what is wrong, or None.
-_SETUP_RULES = {"SparseAccumulate": _sparse_accumulate_setup,
+_SETUP_RULES = {"SparseAccumulate": _sparse_accumulate_setup, "MatMul": _matmul_setup,
                 "DynamicUpdate": _dynamic_update_setup,
                 "DynamicUpdateInplace": _dynamic_update_setup}
 

@@ -55,7 +55,12 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
     """
     check_tensor(lhs, "matmul", "lhs")
     check_tensor(rhs, "matmul", "rhs")
-    d = check_same_dtype("matmul", lhs, rhs)
+    if lhs.dtype != rhs.dtype and {lhs.dtype, rhs.dtype} <= set(_MATMUL_OPERANDS):
+        # float16 with float32 builds, as upstream (the output takes lhs's dtype); the
+        # Session refuses it (session_checks.check_op_setups)
+        d = lhs.dtype
+    else:
+        d = check_same_dtype("matmul", lhs, rhs)
     if d in dtypes.FLOAT8_DTYPES:
         raise TypeError(f"matmul: '{lhs.id}' and '{rhs.id}' are {d.name}: use "
                         f"matmul_pow2scaled for float8 operands")
