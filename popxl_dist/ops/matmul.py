@@ -70,6 +70,11 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
     if partials_type is not None and partials_type not in _MATMUL_FLOATS:
         raise ValueError(f"dtype {partials_type} is not valid, must be float16 or float32 "
                          f"(matmul partials_type)")
+    if partials_type is None:     # as upstream: the Ir's SessionOptions.partialsTypeMatMuls
+        opt = str(lhs.ir._session_opts().partialsTypeMatMuls).lower()
+        if opt not in ("", "float", "half"):
+            raise ValueError(f"str {opt} is not valid, must be 'float' or 'half' "
+                             f"(SessionOptions.partialsTypeMatMuls)")
     shape = _matmul_shape(lhs, rhs)
     out_d = dtypes.dtype.as_dtype(output_type) if output_type is not None else d
     if out_d not in _MATMUL_OPERANDS:

@@ -49,3 +49,17 @@ def test_float16_with_float32_builds_and_the_session_refuses_it():
                                          r"'w' float16 must have one dtype \(the op builds, as "
                                          r"upstream, but cannot compile\)$"):
         popxl.Session(ir, "cpu")
+
+
+@pytest.mark.parametrize("opt,ok", [("", True), ("float", True), ("HALF", True), ("foo", False)])
+def test_partials_session_option_is_checked_as_upstream(opt, ok):
+    ir = popxl.Ir()
+    ir._pb_ir.getSessionOptions().partialsTypeMatMuls = opt
+    with ir.main_graph:
+        a = popxl.variable(np.ones((2, 2), np.float32), name="a")
+        if ok:
+            assert (a @ a).shape == (2, 2)
+        else:
+            with pytest.raises(ValueError, match="^str foo is not valid, must be 'float' or "
+                                                 "'half'"):
+                a @ a
