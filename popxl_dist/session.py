@@ -396,8 +396,11 @@ class Session:
     def weights_from_host(self) -> None:
         """Copy every host weight to the device."""
         self._require_attached()
+        log = getLogger("devicex")      # PopART's log lines for the copy, as upstream
+        log.debug("Writing weights from host, ")
         self._on_device("Session.weights_from_host", self._upload_weights, self._host_weights)
         self._out_of_sync = False
+        log.debug("done.")
 
     def _upload_weights(self, values: Dict[str, np.ndarray], fragment: bool = True) -> None:
         self._runtime.write_variables(values)

@@ -225,6 +225,8 @@ def test_weights_come_to_the_host_once_per_run_and_say_so_on_popart_s_log(capfd)
     try:
         capfd.readouterr()
         with sess:
+            log = capfd.readouterr().err          # entering uploads the weights once
+            assert log.count("D: Writing weights from host, \n") == 1 and "D: done." in log
             sess.get_tensor_data(w)
             assert "Writing weights" not in capfd.readouterr().err   # in sync since made
             sess.run()
