@@ -214,6 +214,10 @@ class DotTree(Generic[LEAF]):
     def __len__(self) -> int:
         return len(self._map)
 
+    def __bool__(self) -> bool:
+        """Always true, as upstream's (which has no `__len__`): an emptied tree is still there."""
+        return True
+
     def len(self) -> int:  # noqa: A003 - upstream's method name
         """The number of top-level entries (leaves and sub-trees)."""
         return len(self._map)

@@ -72,7 +72,9 @@ def _function_key(fn: Callable, *args: Any, **kwargs: Any) -> Any:
             raise
         items = (tuple(_arg_hash(a) for a in args),
                  tuple((k, _arg_hash(v)) for k, v in sorted(kwargs.items())))
-    return (fn, ctx.ipu_id, ctx.tile_set, items)
+    # `fn` by its hash, as upstream: two instances of a Module that hash alike (a `__hash__`
+    # of their configuration) share one graph.
+    return (hash(fn), ctx.ipu_id, ctx.tile_set, items)
 
 
 def get_function_hash(fn: Callable, *args: Any, **kwargs: Any) -> int:

@@ -111,6 +111,15 @@ class _VarGrads:
                             "must be called via `create_grad_graph` or `autodiff`.")
         return state["var_grads"][state["args"].get(name)]
 
+    def __contains__(self, name: str) -> bool:
+        """Whether a gradient has been set for the variable `name` (as upstream)."""
+        state = self._module.__dict__.get("_grad_state")
+        if state is None:
+            raise Exception("You can only use` var_grad` within the `build_graph` method which "
+                            "must be called via `create_grad_graph` or `autodiff`.")
+        args: NamedTensors = state["args"]
+        return name in args and args.get(name) in state["var_grads"]
+
 
 def _has_build_grad(module: Any) -> bool:
     """Whether the module (or class) implements `build_grad`."""
@@ -438,6 +447,12 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
                for p in sig.parameters.values()):
             raise TypeError(f"{type(self).__name__}.build_grad: the method signature must only "
                             f"have a fixed number of positional parameters as inputs. {sig}")
+        try:        # as upstream, which builds the graph of build_grad from grads_provided
+            sig.bind(*provided)
+        except TypeError as e:
+            raise ValueError(f"The arguments, `args` and `kwargs`, do not match the signature of "
+                             f"the function `fn`. ({type(self).__name__}.build_grad{sig} with "
+                             f"{len(provided)} gradient(s) provided: {e})") from e
         var_tensors = set(fwd_graph.args.values_flat())
         non_var = [t for t in required if t not in var_tensors]
         var_req = [t for t in required if t in var_tensors]
@@ -483,11 +498,11 @@ class Module(popxl.Module, metaclass=NameScopeMeta):
         grad_fn.__signature__ = inspect.Signature(params)
         grad_fn.__qualname__ = f"{type(self).__name__}_grad"
         grad_graph = popxl.gir().create_graph(grad_fn, *[t.spec for t in provided])
-        # Tensors read from aux become extra forward outputs (stitched activations).
-        aux_fwd = [fwd_t for _, fwd_t in state["aux_inputs"].values()]
+        # As upstream, every aux tensor becomes a forward output (inputs too), in aux order;
+        # those build_grad read are the gradient graph's Fwd inputs (stitched activations).
         with fwd:
-            for t in aux_fwd:
-                if t not in fwd.outputs and t not in fwd.inputs:
+            for t in fwd_graph._aux.values():
+                if isinstance(t, popxl.Tensor) and t not in fwd.outputs:
                     popxl.graph_output(t)
         g_ins = grad_graph.inputs
         grad_map = {g_ins[i]: provided[i] for i in range(n)}

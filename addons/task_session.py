@@ -241,6 +241,10 @@ class TaskSession(popxl.Session):
         if os.path.exists(info):
             with _reading(info), open(info) as f:
                 session_state = json.load(f)
+            if not isinstance(session_state, dict):
+                raise ValueError(f"load_checkpoint: {info} is unreadable (it holds a JSON "
+                                 f"{_json_kind(session_state)}, not the object of session state "
+                                 f"save_checkpoint writes, e.g. {{\"steps\": 10}})")
         updates = {}
         for key, path in files.items():
             var = state.get(key)
@@ -250,17 +254,17 @@ class TaskSession(popxl.Session):
                 if skip_memmap and _memmap_of(var) is not None:
                     continue
                 with _reading(path):
-                    data = np.fromfile(path, var.dtype.as_numpy()).reshape(var.shape_on_host)
+                    data = np.fromfile(path, var.dtype.as_numpy()).reshape(var._retrieved_shape)
             else:
                 with _reading(path), np.load(path) as f:
                     if key not in f.files:
                         raise ValueError(f"load_checkpoint: {path} holds {f.files}, not the "
                                          f"array '{key}'")
                     data = f[key]
-                if data.shape != tuple(var.shape_on_host):
+                if data.shape != tuple(var._retrieved_shape):
                     raise ValueError(f"load_checkpoint: {path} holds shape {data.shape}, the "
-                                     f"variable '{key}' has {tuple(var.shape_on_host)} on the "
-                                     f"host")
+                                     f"variable '{key}' has {tuple(var._retrieved_shape)} on "
+                                     f"the host")
             updates[var] = data
         if self._dataloader is not None:
             path = os.path.join(checkpoint_dir, "dataloader.bin")
@@ -275,6 +279,13 @@ class TaskSession(popxl.Session):
 
     def wandb_variable_histograms(self, step: int = 0) -> None:
         raise NotImplementedError(_NO_WANDB.format(what="wandb_variable_histograms"))
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a decoded value's type (list -> "array", str -> "string" ...)."""
+    names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+             type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 @contextlib.contextmanager

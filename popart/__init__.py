@@ -5,7 +5,8 @@ PopXL is built on PopART; programs reach it for its exceptions (`except popart.p
 its version, `SessionOptions` (via `ir._pb_ir.getSessionOptions()`) and the enums those options
 take. This package provides exactly those, plus `popart._internal.ir`, the small view of the IR
 that popxl_addons-style code inspects (op classes for `isinstance`, graph ids, expected
-connections), and `DataType`. It is not PopART: there is no ONNX builder and no device manager;
+connections), `DataType` and a `DeviceManager` whose devices are all the emulator. It is not
+PopART: there is no ONNX builder;
 `InferenceSession` / `TrainingSession` exist so that programs importing them load, and raise
 NotImplementedError when constructed: `popxl.Session` runs programs.
 """
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ._device import DeviceInfo, DeviceType
+from ._device import (DeviceConnectionType, DeviceInfo, DeviceManager, DeviceSelectionCriterion,
+                      DeviceType, SyncPattern)
 from ._internal._types import DataType
+from ._logging import Logger, getLogger
 from ._errors import (OutOfMemoryException, popart_exception, popart_internal_exception,
                       poplar_application_runtime_error, poplar_exception,
                       poplar_recoverable_runtime_error, poplar_runtime_error,
@@ -37,9 +40,10 @@ __all__ = [
     "AccumulateOuterFragmentSchedule", "AccumulateOuterFragmentSettings",
     "ExecutionPhaseSchedule", "MeanReductionStrategy", "Instrumentation", "DotCheck",
     "PatternsLevel", "CollectiveOperator", "TensorLocation", "TensorLocationSettings",
-    "OptimizerValue", "PyWeightsIO", "DeviceInfo", "DeviceType", "CommGroup", "CommGroupType",
+    "OptimizerValue", "PyWeightsIO", "DeviceInfo", "DeviceType", "DeviceManager", "SyncPattern",
+    "DeviceConnectionType", "DeviceSelectionCriterion", "CommGroup", "CommGroupType",
     "TileSet", "ExecutionContext", "VariableSettings", "VariableRetrievalMode", "DataType",
-    "InferenceSession", "TrainingSession",
+    "InferenceSession", "TrainingSession", "getLogger", "Logger",
 ]
 
 # The PopART release whose PopXL API the emulator follows (see the references).

@@ -7,6 +7,8 @@ refuses unknown option names with upstream's `AttributeError`.
 """
 from __future__ import annotations
 
+import os
+
 import enum
 from typing import Any, Dict, Mapping
 
@@ -212,6 +214,8 @@ def _defaults() -> Dict[str, Any]:
         "constantWeights": True, "batchSerializationSettings": None,
         "automaticLossScalingSettings": None, "developerSettings": None,
         "kahnTieBreaker": "greedy", "swapLimitScheduler": -1, "timeLimitScheduler": 1e9,
+        # float8: a log2 scale outside [-32, 32) at run time raises (else undefined upstream)
+        "throwIfLog2ScaleTensorNotInRange": True,
     }
 
 
@@ -228,6 +232,13 @@ class SessionOptions:
     def __init__(self) -> None:
         for k, v in _defaults().items():
             object.__setattr__(self, k, v)
+        # As upstream: POPART_CACHE_DIR / POPXL_CACHE_DIR turn engine caching on (POPXL's wins;
+        # the emulator compiles no Poplar engine, so the cache stays unused).
+        for var in ("POPART_CACHE_DIR", "POPXL_CACHE_DIR"):
+            path = os.environ.get(var)
+            if path:
+                object.__setattr__(self, "enableEngineCaching", True)
+                object.__setattr__(self, "cachePath", path)
 
     def __repr__(self) -> str:
         settings = (TensorLocationSettings, AccumulateOuterFragmentSettings)

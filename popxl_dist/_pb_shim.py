@@ -112,6 +112,10 @@ class PbTensorInfo:
     def rank(self) -> int:
         return len(self._info.shape)
 
+    def data_type_lcase(self) -> str:
+        """The data type's name in lower case ("float", "float16", "int32" ...)."""
+        return str(self.dataType()).lower()
+
     def __repr__(self) -> str:
         return f"{{shape: {self.shape()}, type: {self.dataType()}}}"
 
@@ -145,6 +149,26 @@ class PbTensor:
 
     def getIr(self) -> "PbIr":
         return PbIr(self._graph.ir)
+
+    def isAliased(self) -> bool:
+        """Whether an op's output aliases this tensor: an in-place op writing it (output 0 is
+        its input 0) or a view op of upstream's reshape_ / transpose_ family."""
+        from .engine.kernels import load_all
+        from .engine.kernels.registry import spec_of
+
+        load_all()
+        for op in self._graph._data.ops:
+            if not op.inputs or op.inputs[0] != self.id:
+                continue
+            spec = spec_of(op)
+            if spec is not None and (spec.alias or (
+                    spec.returns_input and 0 in spec.modified_inputs(op))):
+                return True
+        return False
+
+    def hasTensorData(self) -> bool:
+        """Whether the tensor holds data at graph-construction time (constants, variables)."""
+        return self._info.data is not None
 
     def hasProducer(self) -> bool:
         return self.id in self._graph._data.producer
@@ -197,6 +221,13 @@ class OpSettings:
         self.executionContext = ExecutionContext[op.exec_ctx]
 
 
+# Op types whose upstream ops answer `isOptimizerOp()` with true (VarUpdateOp subclasses, the
+# Adam-family updater and LAMB's square).
+_OPTIMIZER_OP_TYPES = frozenset({"Accumulate", "AccumulatorScale", "SparseAccumulate",
+                                 "CopyVarUpdate", "AdamVarUpdate", "AdamUpdater", "LambUpdater",
+                                 "AdaMaxUpdater", "LambSquare"})
+
+
 class PbOp:
     """An op of a graph (upstream `_ir.Op`); `op_view` picks the subclass of its type."""
 
@@ -219,6 +250,31 @@ class PbOp:
     def settings(self) -> OpSettings:
         return OpSettings(self._op)
 
+    def getSettings(self) -> OpSettings:
+        return OpSettings(self._op)
+
+    def isOptimizerOp(self) -> bool:
+        """Whether upstream counts the op as an optimizer op (the variable updates and the
+        Adam / LAMB updaters)."""
+        return self._op.type in _OPTIMIZER_OP_TYPES
+
+    def getFactor(self):
+        """An accumulate op's factor as a `popart.OptimizerValue` (0.0 and not constant when
+        it is a tensor input)."""
+        from popart import OptimizerValue
+
+        attrs = self._op.attrs
+        if "f" not in attrs:
+            raise AttributeError(f"op {self._op.type} has no factor")
+        tensor = bool(attrs.get("f_tensor"))
+        return OptimizerValue(0.0 if tensor or attrs["f"] is None else attrs["f"], not tensor)
+
+    def getAxis(self) -> int:
+        """The axis attribute of ops that have one (e.g. SparseAccumulate)."""
+        if "axis" not in self._op.attrs:
+            raise AttributeError(f"op {self._op.type} has no axis")
+        return self._op.attrs["axis"]
+
     def opType(self) -> str:
         """The op type as upstream names it (e.g. "Sub", "GroupNormalization", "AdamUpdater")."""
         return upstream_op_type(self._op.type)
@@ -228,7 +284,9 @@ class PbOp:
         callee modifies that input)."""
         from ._ir.surgery import modified_inputs
 
-        return index in modified_inputs(self._graph.ir._data.graphs, self._op)
+        if self._op.type == "Loop":     # upstream's LoopOp inputs start with M and cond
+            index -= 2
+        return index >= 0 and index in modified_inputs(self._graph.ir._data.graphs, self._op)
 
     def getName(self) -> str:
         return self._op.name
@@ -384,6 +442,10 @@ class PbGraph:
     def __init__(self, graph: "Graph") -> None:
         self._graph = graph
 
+    def __contains__(self, tensor_id: str) -> bool:
+        """Whether the graph has a tensor of this id (upstream: `id in graph`)."""
+        return str(tensor_id) in self._graph._data.tensors
+
     @property
     def id(self) -> GraphId:
         return GraphId(self._graph.id)
@@ -520,6 +582,16 @@ class PbIr:
 
     def hasGraph(self, graph_id: str) -> bool:
         return graph_id in self._ir._data.graphs
+
+    def logIr(self) -> None:
+        """Log every graph's ops on PopART's "ir" logger at DEBUG level, as upstream."""
+        from popart import getLogger
+
+        log = getLogger("ir")
+        log.debug("Logging the IR:")
+        for gid, gd in self._ir._data.graphs.items():
+            log.debug(f"Graph '{gid}': " + "; ".join(op.describe() for op in gd.ops))
+        log.debug("End IR")
 
     def getId(self) -> int:
         return self._ir.id

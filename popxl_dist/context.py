@@ -192,10 +192,11 @@ def name_scope(name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ipu(ipu: int) -> Iterator[None]:
-    """Place ops created inside on virtual IPU `ipu` (numerically irrelevant in the emulator)."""
-    if not isinstance(ipu, int) or ipu < 0:
-        raise ValueError(f"ipu: the IPU index must be a non-negative int, got {ipu!r}")
+def ipu(ipu: Optional[int]) -> Iterator[None]:
+    """Place ops created inside on virtual IPU `ipu` (numerically irrelevant in the emulator);
+    None leaves them unplaced, as upstream (their outputs then have no IPU)."""
+    if ipu is not None and (not isinstance(ipu, int) or isinstance(ipu, bool) or ipu < 0):
+        raise ValueError(f"ipu: the IPU index must be a non-negative int or None, got {ipu!r}")
     prev = _CONTEXT.ipu_id
     _CONTEXT.ipu_id = ipu
     try:

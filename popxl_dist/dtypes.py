@@ -76,6 +76,8 @@ class dtype:
             return bool
         if x is builtins.float:
             return float32
+        if x is builtins.int:
+            return int64
         if isinstance(x, np.ndarray):
             x = x.dtype
         if isinstance(x, np.dtype) or (isinstance(x, type) and issubclass(x, np.generic)):

@@ -4,12 +4,12 @@ Errors upstream raises from PopART (`popart.popart_exception`) are raised here a
 `popart_exception` or a subclass (`EngineError` and the worker errors), so `except
 popart.popart_exception` catches them as it does upstream; they are also `RuntimeError`s.
 """
-from popart import popart_exception
+from popart import poplar_application_runtime_error, popart_exception
 
 __all__ = ["UndefinedValue", "popart_exception", "OpSetupError", "OpSetupTypeError",
-           "EngineError", "WorkerError", "WorkerDied", "HostUnreachable", "InstanceFailed",
-           "CollectiveTimeout", "SessionFailed", "RunAborted", "NonFiniteError",
-           "ReplicaDivergenceError", "ReplicaDivergenceWarning"]
+           "EngineError", "EngineRuntimeError", "DeviceRuntimeError", "WorkerError", "WorkerDied",
+           "HostUnreachable", "InstanceFailed", "CollectiveTimeout", "SessionFailed", "RunAborted",
+           "NonFiniteError", "ReplicaDivergenceError", "ReplicaDivergenceWarning"]
 
 
 class UndefinedValue(ValueError):
@@ -29,6 +29,16 @@ class OpSetupTypeError(popart_exception, TypeError):
 
 class EngineError(popart_exception):
     """An op failed while the emulator executed it; the message names the op and where it was built."""
+
+
+class DeviceRuntimeError(poplar_application_runtime_error):
+    """A run-time check the IPU itself makes failed (upstream: a Poplar application runtime
+    error from the device, e.g. a float8 log2 scale out of range); kernels raise it."""
+
+
+class EngineRuntimeError(EngineError, poplar_application_runtime_error):
+    """An EngineError (naming the op) for a `DeviceRuntimeError`: caught by `except
+    popart.poplar_application_runtime_error`, as upstream's device error is."""
 
 
 class WorkerError(EngineError):

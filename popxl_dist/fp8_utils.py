@@ -81,8 +81,8 @@ def host_pow2scale_cast_to_fp8(src: Any, dtype: Optional[dtypes.dtype] = None,
     """`cast(src * 2^log2_scale, dtype)` on the host.
 
     Rounds to nearest, ties to even. Values whose magnitude rounds above the format's largest
-    (240 for float8_143, 57344 for float8_152), and +-inf, become NaN (code 0x80) with
-    `nan_on_overflow`, else +-largest. NaN becomes NaN; -0 becomes +0.
+    (240 for float8_143, 57344 for float8_152) become NaN (code 0x80) with `nan_on_overflow`,
+    else +-largest; +-inf and NaN become NaN either way (as upstream); -0 becomes +0.
 
     Args:
         src: float16, float32 or float64 host data (NumPy, Python sequences, torch tensors).
@@ -110,6 +110,8 @@ def host_pow2scale_cast_to_fp8(src: Any, dtype: Optional[dtypes.dtype] = None,
                            f"host_pow2scale_cast_to_fp8 casts float16, float32 or float64 data")
     s = _float8.check_log2_scale(log2_scale, "host_pow2scale_cast_to_fp8")
     codes = _float8.encode(src, _float8.format_of(dtype.name), s, bool(nan_on_overflow))
+    if not nan_on_overflow:     # as upstream: +-inf is NaN even when finite overflow saturates
+        codes = np.where(np.isinf(src), np.uint8(_float8.NAN_CODE), codes)
     return codes.view(_FLOAT8_NP[dtype])
 
 

@@ -100,8 +100,9 @@ class Graph:
 
     @property
     def tensors(self) -> Tuple["Tensor", ...]:
-        return tuple(self._tensor(t) for t, i in self._data.tensors.items()
-                     if i.kind != TensorKind.STREAM)
+        """Every tensor of the graph (in the main graph, the host streams' tensors too, as
+        upstream)."""
+        return tuple(self._tensor(t) for t in self._data.tensors)
 
     @property
     def variables(self) -> Tuple["Tensor", ...]:

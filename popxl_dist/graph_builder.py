@@ -35,16 +35,22 @@ def _is_by_ref(annotation: Any) -> bool:
     return False
 
 
+def _check_not_mixed(value: Any, name: str) -> None:
+    """Upstream's rule for a list, tuple, *args or **kwargs argument: all Tensors or none."""
+    items = list(value.values()) if isinstance(value, dict) else list(value)
+    is_t = [isinstance(v, (Tensor, TensorSpec)) for v in items]
+    if any(is_t) and not all(is_t):
+        raise TypeError(f"A {type(value)} argument can't contain a mixture of Tensors and "
+                        f"other types. Arg name: {name}. Value: {value}")
+
+
 def _as_input(value: Any, name: str, by_ref: bool) -> Any:
     if isinstance(value, (Tensor, TensorSpec)):
         return graph_input(value.shape, value.dtype, name, by_ref=by_ref,
                            meta_shape=value.meta_shape or None)
     if isinstance(value, (list, tuple)) and value:
-        is_t = [isinstance(v, (Tensor, TensorSpec)) for v in value]
-        if any(is_t) and not all(is_t):
-            raise TypeError(f"A {type(value)} argument can't contain a mixture of Tensors and "
-                            f"other types. Arg name: {name}. Value: {value}")
-        if all(is_t):
+        _check_not_mixed(value, name)
+        if all(isinstance(v, (Tensor, TensorSpec)) for v in value):
             return type(value)(_as_input(v, f"{name}_{i}", by_ref) for i, v in enumerate(value))
     return value
 
@@ -75,9 +81,11 @@ def build_graph(ir: "Ir", fn: Callable, args: tuple, kwargs: dict) -> "Graph":
                 p = sig.parameters[pname]
                 by_ref = _is_by_ref(p.annotation)
                 if p.kind == p.VAR_POSITIONAL:
+                    _check_not_mixed(value, pname)
                     new_args.extend(_as_input(v, f"{pname}_{i}", by_ref)
                                     for i, v in enumerate(value))
                 elif p.kind == p.VAR_KEYWORD:
+                    _check_not_mixed(value, pname)
                     new_kwargs.update({k: _as_input(v, k, by_ref) for k, v in value.items()})
                 elif p.kind == p.KEYWORD_ONLY:
                     new_kwargs[pname] = _as_input(value, pname, by_ref)

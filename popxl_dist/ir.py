@@ -109,6 +109,15 @@ class Ir:
 
     @property
     def replication_factor(self) -> int:
+        """The replica count. As upstream, where it is kept in the Ir's SessionOptions, setting
+        `replicatedGraphCount` there (with `enableReplicatedGraphs`) before a Session is made
+        sets it too."""
+        opts = self._session_options
+        if (opts is not None and not self._prepared and not self._use_popdist
+                and self._data.instance is None):
+            count = opts.replicatedGraphCount if opts.enableReplicatedGraphs else 1
+            if isinstance(count, int) and count >= 1 and count != self._data.replication_factor:
+                self._data.replication_factor = count
         return self._data.replication_factor
 
     @replication_factor.setter
@@ -128,8 +137,9 @@ class Ir:
 
     def _set_replication_options(self, opts: SessionOptions) -> None:
         if not self._use_popdist:
-            opts.replicatedGraphCount = self.replication_factor
-            opts.enableReplicatedGraphs = self.replication_factor > 1
+            r = self._data.replication_factor
+            opts.replicatedGraphCount = r
+            opts.enableReplicatedGraphs = r > 1
 
     def _session_opts(self) -> SessionOptions:
         """The `popart.SessionOptions` of this Ir, with the options upstream's Ir sets."""

@@ -113,12 +113,11 @@ class RemoteBuffer:
         shape = self.tensor_shape
         if num_shards > 1:
             shape = (math.ceil(int(np.prod(shape)) / num_shards),)
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"Tensor '{t.id}' has shape {t.shape}, which does not match remote "
-                             f"buffer {self._id} (shape {shape})")
-        if t.dtype != self.tensor_dtype:
-            raise ValueError(f"Tensor '{t.id}' has dtype {t.dtype.name}, which does not match "
-                             f"remote buffer {self._id} (dtype {self.tensor_dtype.name})")
+        if tuple(t.shape) != tuple(shape) or t.dtype != self.tensor_dtype:
+            raise ValueError(f"Tensor {t.id} does not match buffer.\nExisting remote buffer "
+                             f"{self._id} has shape={tuple(shape)} and dtype="
+                             f"{self.tensor_dtype.name}.\nThe tensor has shape={tuple(t.shape)}, "
+                             f"dtype={t.dtype.name}.")
 
     def __hash__(self) -> int:
         return hash((id(self._ir), self._id))

@@ -8,14 +8,16 @@ import weakref
 from typing import Dict, Iterable, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
+from popart import getLogger
 
 from ._ir.debug import DebugOptions
 from ._ir.records import TensorKind
 from .dtypes import FLOAT8_DTYPES, host_view, storage_numpy, storage_view
 from .remote_buffer import check_variables_fit_buffers
 from .runtime import create_runtime
-from .session_checks import (as_stream_mapping, check_output_array, checked_downcast,
-                             number_as, read_only, session_failed)
+from .session_checks import (as_stream_mapping, check_compilable_dtypes, check_op_setups,
+                             check_output_array, checked_downcast, number_as, read_only,
+                             session_failed, variable_data_array)
 from .streams import DeviceToHostStream, HostToDeviceStream
 from .tensor import Constant, HostScalarTensor, Variable
 from .transforms.patterns import check_op_to_identity_applied
@@ -100,11 +102,15 @@ class Session:
         if weights_to_host_on_exit and ir._has_read_only_memmap:
             _log.info("Weights to host has been disabled as the ir contains a read-only "
                       "memmapped variable.")
+        _ = ir.replication_factor      # adopts replicatedGraphCount set in the SessionOptions
         check_variables_fit_buffers(ir._data)
         check_op_to_identity_applied(ir._data)
+        check_compilable_dtypes(ir._data)
+        check_op_setups(ir._data)
         ir._prepared = True
         data = ir._data
         data.floating_point_checks = bool(ir._session_opts().enableFloatingPointChecks)
+        data.log2_scale_checks = bool(ir._session_opts().throwIfLog2ScaleTensorNotInRange)
         data.debug = DebugOptions.from_env(data.floating_point_checks,
                                            f"session{next(_SESSION_COUNT)}")
         report = warn_divergences(data)
@@ -149,6 +155,11 @@ class Session:
     @property
     def device(self) -> str:
         return self._device_desc
+
+    @device.setter
+    def device(self, device) -> None:
+        """Run on another device (a name or a `popart.DeviceInfo`): all are the emulator."""
+        self._set_device(device)
 
     @property
     def _pb_session(self):
@@ -217,8 +228,16 @@ class Session:
         return set(self._expected)
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
-        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy())
-                for s in self._d2h}
+        out = {}
+        for s in self._d2h:
+            shape = self._full_input_shape(s.shape)
+            try:
+                out[s] = np.empty(shape, s.dtype.as_numpy())
+            except MemoryError as e:
+                raise MemoryError(f"Session: the host buffer of d2h_stream '{s.tensor_id}' "
+                                  f"(shape {shape}, {s.dtype.name}) cannot be allocated: "
+                                  f"{e}") from None
+        return out
 
     def _as_transfers(self, stream, arr: np.ndarray, is_input: bool) -> np.ndarray:
         """Check `arr` against the stream and view it as `(T, R, *shape)`."""
@@ -371,6 +390,8 @@ class Session:
         """Read every variable from the device into the host copy. Host buffers are replaced,
         not overwritten (except memmaps: the file is the host copy), so arrays returned by
         `get_tensor_data` earlier keep their values."""
+        log = getLogger("devicex")      # PopART's log lines for the copy, as upstream
+        log.debug("Writing weights to host")
         values = self._on_device(what, self._read_device_weights)
         for tid, value in values.items():
             buf = self._host_weights[tid]
@@ -385,6 +406,7 @@ class Session:
                 self._host_weights[tid] = value
         self._out_of_sync = False
         self._kept_on_device = False
+        log.debug("Writing weights to host complete.")
 
     def _read_device_weights(self) -> Dict[str, np.ndarray]:
         self._runtime.run_fragment("weights_to_host")
@@ -393,8 +415,11 @@ class Session:
     def weights_from_host(self) -> None:
         """Copy every host weight to the device."""
         self._require_attached()
+        log = getLogger("devicex")      # PopART's log lines for the copy, as upstream
+        log.debug("Writing weights from host, ")
         self._on_device("Session.weights_from_host", self._upload_weights, self._host_weights)
         self._out_of_sync = False
+        log.debug("done.")
 
     def _upload_weights(self, values: Dict[str, np.ndarray], fragment: bool = True) -> None:
         self._runtime.write_variables(values)
@@ -475,7 +500,7 @@ class Session:
                                     f"popxl.fp8_utils.host_pow2scale_cast_to_fp8)")
                 arr = np.full(v.shape_on_host, number_as(v.id, data, want), dtype=want)
             else:
-                arr = to_numpy(data, copy=False, downcast=False)
+                arr = variable_data_array(v.id, data, v.shape_on_host, want)
                 if arr.dtype != want:
                     raise TypeError(
                         f"The dtype of the input array {arr.dtype} must match the equivalent "
@@ -587,12 +612,12 @@ class Session:
                 raise NotImplementedError(f"{what}: destination '{d.id}' has retrieval_mode "
                                           f"'all_replicas' with group_size > 1, which cannot "
                                           f"be written (as upstream)")
-            if tuple(s.shape_on_host) != tuple(d.shape_on_host):
+            if tuple(s._retrieved_shape) != tuple(d._retrieved_shape):
                 raise ValueError(
                     f"{what}: '{s.id}' ({s.replica_grouping.num_groups} group(s), retrieval "
-                    f"'{s.retrieval_mode}', host shape {tuple(s.shape_on_host)}) and "
+                    f"'{s.retrieval_mode}', host shape {tuple(s._retrieved_shape)}) and "
                     f"'{d.id}' ({d.replica_grouping.num_groups} group(s), host shape "
-                    f"{tuple(d.shape_on_host)}) have different host layouts")
+                    f"{tuple(d._retrieved_shape)}) have different host layouts")
             pairs.append((s, d))
         return pairs
 

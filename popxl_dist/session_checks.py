@@ -4,14 +4,16 @@ downcast to the stream's dtype would change (int64 wrapping, float64 overflowing
 from __future__ import annotations
 
 from collections import abc
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from .errors import SessionFailed
+from .utils import to_numpy
 
 __all__ = ["as_stream_mapping", "checked_downcast", "number_as", "check_output_array",
-           "read_only", "session_failed"]
+           "read_only", "session_failed", "variable_data_array", "check_compilable_dtypes",
+           "check_op_setups"]
 
 _INT_LIMITS = {np.dtype(np.int32): np.iinfo(np.int32), np.dtype(np.uint32): np.iinfo(np.uint32)}
 
@@ -66,16 +68,33 @@ def number_as(tensor_id: str, value: Any, want: np.dtype):
             exact = False
         problem = None if exact else "is not exactly representable"
     elif want.kind == "f":
+        try:    # float(): a Python int beyond int64 is no NumPy number
+            as_float = float(value)
+        except OverflowError:
+            as_float = None
         with np.errstate(over="ignore"):
-            converted = np.asarray(value).astype(want)
-        problem = ("overflows" if np.isinf(converted) and np.isfinite(value) else None)
+            converted = None if as_float is None else np.asarray(as_float).astype(want)
+        problem = ("overflows" if converted is None or (np.isinf(converted)
+                                                         and np.isfinite(as_float)) else None)
     else:
         problem = None
     if problem is not None:
         raise ValueError(f"write_variable_data: the value {value!r} for variable {tensor_id} "
                          f"{problem} in its dtype {want.name}: it would be stored as a different "
                          f"value. Convert it yourself if that is intended.")
-    return np.asarray(value).astype(want)
+    return np.asarray(value if want.kind in "biuc" else float(value)).astype(want)
+
+
+def variable_data_array(tensor_id: str, data: Any, host_shape, want: np.dtype) -> np.ndarray:
+    """`data` for `write_variable_data` as a NumPy array (not yet checked against the
+    variable's dtype and shape); a TypeError naming the variable and what it expects when it
+    is no array at all (a ragged list, an object NumPy cannot convert)."""
+    try:
+        return to_numpy(data, copy=False, downcast=False)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"write_variable_data: the data for variable {tensor_id} is not an "
+                        f"array ({type(data).__name__}: {type(e).__name__}: {e}); expected a "
+                        f"NumPy array of shape {tuple(host_shape)} and dtype {want}") from None
 
 
 def _raise_changed(stream_id: str, arr: np.ndarray, value, want: np.dtype, how: str) -> None:
@@ -122,3 +141,96 @@ def session_failed(what: str, first: BaseException) -> SessionFailed:
         f"weights (the values last copied to the host).")
     err.first_error = first
     return err
+
+
+# Operand dtypes upstream's builders accept but no IPU program compiles (Poplar has no integer
+# codelets for them): refused when the Session is made, naming the op and where it was built.
+# op type -> fn(op) -> [(input index, operand name, "float" or "int")]
+_FLOAT_0 = ("Exp", "ExpInplace", "Log", "Sqrt", "Sin", "Cos", "Tanh", "GeluErf",
+            "GeluErfInplace", "Swish", "SwishInplace", "Dropout", "ShapedDropout", "LambSquare")
+
+
+def _updater_operands(op) -> list:
+    names = (["weight"] if op.attrs.get("has_weight") else []) + \
+        ["acc_first_order", "acc_second_order"]
+    out = [(i, n, "float") for i, n in enumerate(names)]
+    if op.attrs.get("has_step"):
+        out.append((len(op.inputs) - 1, "time_step", "float"))
+    return out
+
+
+_OPERAND_DTYPES = {
+    **{t: (lambda op: [(0, "t", "float")]) for t in _FLOAT_0},
+    **{t: _updater_operands for t in ("AdamUpdater", "LambUpdater", "AdaMaxUpdater")},
+    "AdamVarUpdate": lambda op: [(0, "t", "float"), (1, "x", "float")],
+    "NlllWithSoftmaxGradDirect": lambda op: [(1, "labels", "int")],
+}
+
+
+def check_compilable_dtypes(ir_data) -> None:
+    """A TypeError for the first op whose operands have a dtype its IPU program cannot take
+    (an integer input to exp, dropout or an Adam updater, float labels of a fused NLL...):
+    upstream builds such ops, and fails when the Session compiles them; so does this."""
+    for gd in ir_data.graphs.values():
+        for op in gd.ops:
+            rule = _OPERAND_DTYPES.get(op.type)
+            if rule is None:
+                continue
+            for index, name, want in rule(op):
+                info = gd.tensors[op.inputs[index]]
+                ok = info.dtype.is_floating_point if want == "float" else info.dtype.is_int
+                if not ok:
+                    kind = "a floating point" if want == "float" else "an integer"
+                    raise TypeError(
+                        f"Session: {op.describe()}: '{name}' '{info.id}' must have {kind} dtype, "
+                        f"got {info.dtype.name} (the op builds, as upstream, but cannot compile)")
+
+
+def _sparse_accumulate_setup(op, gd) -> Optional[str]:
+    t, x, indices = (gd.tensors[i] for i in op.inputs[:3])
+    axis = op.attrs["axis"]
+    if not 0 <= axis < len(t.shape):
+        return f"axis {axis} is out of range for 't' '{t.id}' {t.shape}"
+    want = t.shape[:axis] + indices.shape + t.shape[axis + 1:]
+    if x.shape != want:
+        return (f"'X' '{x.id}' must have shape {want} (t {t.shape} with axis {axis} replaced by "
+                f"indices {indices.shape}), got {x.shape}")
+    return None
+
+
+def _dynamic_update_setup(op, gd) -> Optional[str]:
+    t, _, update = (gd.tensors[i] for i in op.inputs[:3])
+    window = list(t.shape)
+    for axis, size in zip(op.attrs["axes"], op.attrs["sizes"]):
+        window[axis] = size
+    if tuple(update.shape) != tuple(window):
+        return (f"'t_update' '{update.id}' has shape {update.shape}, expected the window shape "
+                f"{tuple(window)}")
+    return None
+
+
+def _matmul_setup(op, gd) -> Optional[str]:
+    a, b = (gd.tensors[i] for i in op.inputs[:2])
+    if len(op.inputs) == 2 and a.dtype != b.dtype:
+        return (f"its operands '{a.id}' {a.dtype.name} and '{b.id}' {b.dtype.name} must have "
+                f"one dtype")
+    return None
+
+
+# Op setups upstream's builders do not check (its C++ op or Poplar fails later): op type ->
+# fn(op, graph data) -> what is wrong, or None.
+_SETUP_RULES = {"SparseAccumulate": _sparse_accumulate_setup, "MatMul": _matmul_setup,
+                "DynamicUpdate": _dynamic_update_setup,
+                "DynamicUpdateInplace": _dynamic_update_setup}
+
+
+def check_op_setups(ir_data) -> None:
+    """A ValueError for the first op whose attributes and operand shapes cannot be compiled
+    although its builder accepted them, as upstream's does (see `_SETUP_RULES`)."""
+    for gd in ir_data.graphs.values():
+        for op in gd.ops:
+            rule = _SETUP_RULES.get(op.type)
+            problem = rule(op, gd) if rule is not None else None
+            if problem:
+                raise ValueError(f"Session: {op.describe()}: {problem} (the op builds, as "
+                                 f"upstream, but cannot compile)")

@@ -1,7 +1,9 @@
 """Host streams: `h2d_stream` / `d2h_stream` handles living in the main graph."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
+
+import numpy as np
 
 from . import dtypes
 from ._ir.records import TensorKind
@@ -54,11 +56,26 @@ class DeviceToHostStream(Stream):
     """A stream of device data to the host, written with `ops.host_store`."""
 
 
+# popart sizes a tensor in int64 bytes (TensorInfo::nbytes): a stream beyond that cannot exist.
+_MAX_BYTES = 2**63 - 1
+
+
+def _check_size(what: str, shape: Tuple[int, ...], d: dtypes.dtype) -> None:
+    """A ValueError naming the stream for a shape whose one transfer has more bytes than a
+    tensor can (upstream's int64 byte count); refused here rather than at Session or run."""
+    itemsize = np.dtype(d.as_numpy()).itemsize
+    nbytes = int(np.prod(shape, dtype=object)) * itemsize if shape else itemsize
+    if nbytes > _MAX_BYTES:
+        raise ValueError(f"{what}: shape {shape} of {d.name} is {nbytes} bytes a transfer, more "
+                         f"than a tensor can hold (2**63 - 1 bytes, as popart counts them)")
+
+
 def _make(cls, shape, dtype, name: str):
     what = "h2d_stream" if cls is HostToDeviceStream else "d2h_stream"
     shape = check_shape(shape, f"{what} '{name}'")
     main = gcg().ir.main_graph
     d = dtypes.dtype.as_dtype(dtype)
+    _check_size(f"{what} '{name}'", shape, d)
     info = _new_tensor(main, name, shape, d, TensorKind.STREAM,
                        extra={"direction": "h2d" if cls is HostToDeviceStream else "d2h"})
     s = cls._from_tensor(main._tensor(info.id))

@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import collections.abc
-import logging
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Optional, Tuple, Union
 
 import numpy as np
+from popart import getLogger
 
 from . import dtypes
 from ._ir.records import TensorInfo, TensorKind
 from .context import gcg
 from .errors import UndefinedValue
 from .tensorlocation import TileSet
-from .utils import to_numpy
+from .utils import check_memmap, to_numpy
 
 if TYPE_CHECKING:
     from .graph import Graph
@@ -167,33 +167,49 @@ class Tensor:
 
     @property
     def ipu(self) -> int:
-        op = self._graph._data.producer.get(self.id)
-        if op is None or "ipu" in self._info.extra:   # multi-IPU ops place each output
-            ipu = self._info.extra.get("ipu", 0)
-        else:
-            ipu = op.ipu
-        if ipu is None:
-            raise UndefinedValue(f"The ipu of tensor '{self.id}' is undefined")
+        """The IPU the tensor is on; `UndefinedValue` if nothing places it (see `_placement`)."""
+        ipu, _ = self._get_ipu_and_tile_set(raise_on_undefined_tile_set=False)
         return ipu
 
     @property
     def tile_set(self) -> str:
-        op = self._graph._data.producer.get(self.id)
-        return op.tile_set if op is not None else "compute"
+        """"compute" or "io"; `UndefinedValue` if nothing places the tensor."""
+        _, tile_set = self._get_ipu_and_tile_set(raise_on_undefined_ipu=False)
+        return tile_set
+
+    def _placement(self, consumers: bool = True) -> Tuple[Optional[int], str]:
+        """(ipu, tile set) as upstream derives them: the producer's (an IPU copy's destination,
+        an output a multi-IPU op placed: its own IPU); else, for a graph input, the op calling
+        the graph; else the first op consuming it (an IPU copy: its source); (None,
+        "undefined") when nothing places it. `consumers=False` skips the two searches (the op
+        builders' checks, which treat an unplaced tensor as matching any)."""
+        gd = self._graph._data
+        op = gd.producer.get(self.id)
+        if op is not None:
+            return self._info.extra.get("ipu", op.ipu), op.tile_set
+        if "ipu" in self._info.extra:
+            return self._info.extra["ipu"], "compute"
+        if consumers:
+            if self.id in gd.inputs:
+                for pgd in self._graph.ir._data.graphs.values():
+                    for o in pgd.ops:
+                        if gd.id in o.called:
+                            return o.ipu, o.tile_set
+            for o in gd.ops:
+                if self.id in o.inputs:
+                    return (o.attrs["source"] if o.type == "IpuCopy" else o.ipu), o.tile_set
+        return None, "undefined"
 
     def _get_ipu_and_tile_set(self, raise_on_undefined_tile_set: bool = True,
                               raise_on_undefined_ipu: bool = True) -> Tuple[int, str]:
-        """(ipu, tile set) of this tensor; raises `UndefinedValue` where undefined (as asked)."""
-        try:
-            ipu = self.ipu
-        except UndefinedValue:
-            if raise_on_undefined_ipu:
-                raise
-            ipu = -1
-        tile_set = self.tile_set
-        if tile_set == "undefined" and raise_on_undefined_tile_set:
-            raise UndefinedValue(f"The tile set of tensor '{self.id}' is undefined")
-        return ipu, tile_set
+        """(ipu, tile set) of this tensor (-1 for an undefined IPU); raises `UndefinedValue`
+        where undefined (as asked)."""
+        ipu, tile_set = self._placement()
+        if raise_on_undefined_tile_set and tile_set == "undefined":
+            raise UndefinedValue("Tensor's tile set is undefined.")
+        if raise_on_undefined_ipu and ipu is None:
+            raise UndefinedValue("Tensor's IPU is undefined.")
+        return (-1 if ipu is None else ipu), tile_set
 
     @property
     def in_sync_with_ipu(self) -> bool:
@@ -351,6 +367,8 @@ class Tensor:
         return True
 
     def __repr__(self) -> str:
+        # `Tensor[...]` for every class, as the seed documents print (SDK 3.0/3.1); upstream
+        # 3.2+ names the class (`Variable[...]`).
         return f"Tensor[{self.id} {self.dtype} {self.shape}]"
 
 
@@ -368,12 +386,21 @@ class Variable(Tensor, tensor_type="Variable"):
 
     @property
     def shape_on_host(self) -> Tuple[int, ...]:
+        """The variable's shape on the host: an outer dimension of one value per replica group
+        when there are several groups (upstream's; whatever the retrieval mode)."""
         rg = self.replica_grouping
-        if self.retrieval_mode == "all_replicas" and rg.group_size > 1:
-            return (self.ir.replication_factor, *self._full_shape)
         if rg.num_groups > 1:
             return (rg.num_groups, *self._full_shape)
         return self._full_shape
+
+    @property
+    def _retrieved_shape(self) -> Tuple[int, ...]:
+        """The shape of `Session.get_tensor_data`'s result: one value per replica for
+        "all_replicas" retrieval of groups of several replicas, else `shape_on_host`."""
+        rg = self.replica_grouping
+        if self.retrieval_mode == "all_replicas" and rg.group_size > 1:
+            return (self.ir.replication_factor, *self._full_shape)
+        return self.shape_on_host
 
     @property
     def shape_on_replica(self) -> Tuple[int, ...]:
@@ -453,6 +480,8 @@ def _host_array(data, dtype, downcast, what: str, log2_scale=None,
     if isinstance(data, Tensor):
         raise TypeError(f"{what}: `data` must be host data (NumPy, Python, torch), got {data!r}")
     d = dtypes.dtype.as_dtype(dtype) if dtype is not None else None
+    if isinstance(data, np.memmap):
+        check_memmap(data, d)         # upstream's messages, as they are
     try:
         arr = to_numpy(data, d, downcast=downcast, log2_scale=log2_scale,
                        nan_on_overflow=nan_on_overflow)
@@ -471,10 +500,10 @@ def _unshare_memmap_of_non_const_grouping(arr: np.ndarray, rg, name: Optional[st
     """As upstream, a variable with a non-constant replica grouping copies memmap data (its
     host layout is not the device's), so it is not memmap-backed: warn and copy."""
     if isinstance(arr, np.memmap) and rg is not None and not rg.is_const:
-        logging.getLogger("popxl").warning(
-            "In creation of variable %s, you have passed np.memmap data and a non-const "
-            "replica grouping (%r), which requires a copy of the np.memmap data: the variable "
-            "is not backed by the memmap", name or "t", rg)
+        getLogger().warn(      # PopART's logger, as upstream (stderr, not Python logging)
+            f"In creation of variable {name or 't'}, you have passed np.memmap data and a "
+            f"non-const replica grouping ({rg!r}), which requires a copy of the np.memmap data: "
+            f"the variable is not backed by the memmap")
         return np.array(arr, copy=True)
     return arr
 

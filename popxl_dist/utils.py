@@ -8,6 +8,8 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from . import dtypes
+# As upstream: popxl.utils imports these, so `import popxl` also makes `popxl.fp8_utils`.
+from .fp8_utils import host_pow2scale_cast_to_fp8  # noqa: F401  (upstream's name here)
 
 __all__ = ["to_numpy", "table_to_string", "downcast_np_dtypes", "HW_DEVICE_CONNECTION_TIMEOUT",
            "torch_imported"]
@@ -26,7 +28,8 @@ _DOWNCAST = downcast_np_dtypes
 def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True,
              copy: bool = True, log2_scale: Optional[int] = None,
              nan_on_overflow: Optional[bool] = None) -> np.ndarray:
-    """Convert host data (NumPy, Python scalars/sequences, torch tensors) to a NumPy array.
+    """Convert host data (NumPy, Python scalars/sequences, torch tensors) to a C-ordered NumPy
+    array, a copy of the data unless `copy` is false (then shared where no conversion is needed).
 
     With no `dtype`, 64-bit ints and floats are downcast to 32 bits when `downcast` is true
     (Python ints become int32, floats float32). A memmap is returned as it is: it must already
@@ -45,29 +48,26 @@ def to_numpy(x: Any, dtype: Optional[dtypes.dtype] = None, downcast: bool = True
             float8 data).
     """
     if isinstance(x, np.memmap):
-        _check_memmap(x, dtype)
+        check_memmap(x, dtype)
     if dtype is not None and dtype in dtypes.FLOAT8_DTYPES:
         return _to_float8_codes(x, dtype, copy, log2_scale, nan_on_overflow)
     if log2_scale is not None or nan_on_overflow is not None:
         raise RuntimeError(f"log2_scale and nan_on_overflow are only for float8 dtypes, got "
                            f"dtype {dtype!r}")
     if isinstance(x, np.memmap):
-        arr = x
-    elif type(x).__module__.startswith("torch"):
-        arr = x.detach().cpu().numpy()
-    else:
-        arr = np.asarray(x)
+        return x                                  # checked above: it needs no conversion
+    src = x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else x
+    arr = np.asarray(src, order="C")           # C order, as upstream
     want = dtype.as_numpy() if dtype is not None else \
         _DOWNCAST.get(arr.dtype) if downcast else None
     if want is not None and arr.dtype != want:
         return arr.astype(want)        # a new array: no copy needed before it
-    if (copy and isinstance(x, np.ndarray) and not isinstance(x, np.memmap)
-            and np.may_share_memory(arr, x)):
-        return np.array(arr, copy=True)
+    if copy and isinstance(src, np.ndarray) and np.may_share_memory(arr, src):
+        return np.array(arr, copy=True)   # torch's numpy() shares the tensor's memory
     return arr
 
 
-def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
+def check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
     """A memmap is used as it is (never copied), so, as upstream, it must already have the
     requested dtype, be C-ordered and aligned, and need no downcast."""
     if dtype is not None:
@@ -82,7 +82,7 @@ def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
                          f"{'' if x.flags.aligned else ', unaligned'})")
     if x.dtype in _DOWNCAST:
         raise ValueError(f"When passing a memory-mapped NumPy array, the dtype "
-                         f"{dtype.name if dtype is not None else None} is not supported, as it "
+                         f"{dtype} is not supported, as it "
                          f"requires downcasting the array into a new array with a dtype "
                          f"supported by PopXL (the memmap is {x.dtype}; store it as "
                          f"{_DOWNCAST[x.dtype]})")
@@ -91,8 +91,6 @@ def _check_memmap(x: np.memmap, dtype: Optional[dtypes.dtype]) -> None:
 def _to_float8_codes(x: Any, dtype: dtypes.dtype, copy: bool, log2_scale: Optional[int],
                      nan_on_overflow: Optional[bool]) -> np.ndarray:
     """float8 data (structured dtype) of `x` for `to_numpy` with a float8 `dtype`."""
-    from .fp8_utils import host_pow2scale_cast_to_fp8
-
     if type(x).__module__.startswith("torch"):
         x = x.detach().cpu().numpy()
     if not isinstance(x, np.ndarray):

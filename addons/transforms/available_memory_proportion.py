@@ -28,7 +28,7 @@ def set_graph_available_memory_proportion_by_ipu(graph: popxl.Graph,
     """Give every op of `graph` that takes the hint `proportions[op ipu]`."""
     props = _check(proportions)
     for op in graph._data.ops:
-        if op.type in AMP_OP_TYPES:
+        if op.type in AMP_OP_TYPES and op.ipu is not None:     # (unplaced: popxl.ipu(None))
             if op.ipu >= len(props):
                 raise ValueError(f"set_graph_available_memory_proportion_by_ipu: "
                                  f"{op.describe()} runs on IPU {op.ipu}, but only "

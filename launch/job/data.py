@@ -159,6 +159,8 @@ class EpochLoader:
                 state = json.load(f)
                 keys = ("epoch", "position", "rng_state_at_epoch_start", "num_images",
                         "global_batch")
+                if not isinstance(state, dict):
+                    raise TypeError(f"a JSON {type(state).__name__}, not an object")
                 missing = [k for k in keys if k not in state]
             except (ValueError, TypeError) as e:
                 raise ValueError(f"{path} is not a saved data position ({e})") from None
@@ -169,7 +171,19 @@ class EpochLoader:
             raise ValueError(f"{path}: saved for {state['num_images']} images in batches of "
                              f"{state['global_batch']}, this loader has {len(self.images)} "
                              f"in batches of {self.global_batch}")
+        epoch, position = state["epoch"], state["position"]
+        if type(epoch) is not int or epoch < 0 or type(position) is not int or not (
+                0 <= position <= self.steps_per_epoch):
+            raise ValueError(f"{path}: epoch {epoch!r}, position {position!r} is no place in "
+                             f"the data (an epoch >= 0 and a position from 0 to "
+                             f"{self.steps_per_epoch}, the steps of an epoch)")
+        rng = np.random.default_rng(0)        # checks the saved state before it is used
+        try:
+            rng.bit_generator.state = state["rng_state_at_epoch_start"]
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{path}: rng_state_at_epoch_start is not the state of a "
+                             f"{type(rng.bit_generator).__name__} generator ({e})") from None
         self._rng.bit_generator.state = state["rng_state_at_epoch_start"]
-        self.epoch = state["epoch"]
+        self.epoch = epoch
         self._start_epoch()
-        self.position = state["position"]
+        self.position = position

@@ -1,6 +1,7 @@
 """The main job's loop: train, evaluate, checkpoint, report."""
 from __future__ import annotations
 
+import json
 import shlex
 import statistics
 import sys
@@ -97,6 +98,7 @@ class _Run:
         if self.rd.resume:
             for step, path in self.rd.complete_checkpoints():
                 try:
+                    _check_session_info(path / "session_info.json")
                     self.session.load_checkpoint(str(path), report_missing="error")
                 except (OSError, ValueError) as e:
                     aside = path.with_name(f"unreadable_{path.name}")
@@ -193,6 +195,20 @@ class _Run:
                          f"{statistics.median(self.copy_times) * 1e3:.2f} ms per evaluation "
                          f"over {len(self.copy_times)}")
         return "; ".join(parts)
+
+
+def _check_session_info(path: Path) -> None:
+    """A ValueError naming `path` unless it holds the job's session state: a JSON object whose
+    "steps" is a count of steps (checked before anything of its checkpoint is loaded)."""
+    with open(path) as f:
+        try:
+            info = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{path} is not JSON ({e})") from None
+    steps = info.get("steps") if isinstance(info, dict) else None
+    if not isinstance(info, dict) or type(steps) is not int or steps < 0:
+        raise ValueError(f"{path} does not hold the job's session state (a JSON object with "
+                         f"\"steps\": a count of steps), got {json.dumps(info)[:80]}")
 
 
 def _resume_point(run: _Run) -> str:

@@ -167,6 +167,9 @@ class IrData:
         # SessionOptions.enableFloatingPointChecks when the Session was created: overflow,
         # division by zero and invalid operations raise instead of giving inf / NaN
         self.floating_point_checks = False
+        # SessionOptions.throwIfLog2ScaleTensorNotInRange when the Session was created: a float8
+        # op's log2 scale outside [-32, 32) raises (a Poplar runtime error upstream)
+        self.log2_scale_checks = True
         # What the Session watches while it runs (NaN origins, replica checks, recording):
         # a DebugOptions set when the Session is created (see `_ir/debug.py`)
         self.debug = DebugOptions()

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from .._ir.records import GraphData, IrData, Op, TensorKind
-from ..errors import EngineError
+from ..errors import DeviceRuntimeError, EngineError, EngineRuntimeError
 from .kernels import load_all
 from . import batch_collectives, memory_plan
 from .instrument import Instrument
@@ -414,7 +414,7 @@ class Program:
         try:
             if spec.collective:
                 return spec.factory(op.attrs, ins, outs)
-            if spec.context:
+            if spec.context or spec.settings:
                 return spec.factory(op.attrs, ins, outs, self.env)
             return spec.factory(op.attrs, ins, outs)
         except (NotImplementedError, ValueError, TypeError) as e:
@@ -714,6 +714,7 @@ def explain_error(program: Program, exc: BaseException) -> BaseException:
         return exc
     op, gid = found
     graph = f"graph '{gid}'" if gid else "the main graph"
-    err = EngineError(f"{op.describe()} in {graph} failed: {type(exc).__name__}: {exc}")
+    cls = EngineRuntimeError if isinstance(exc, DeviceRuntimeError) else EngineError
+    err = cls(f"{op.describe()} in {graph} failed: {type(exc).__name__}: {exc}")
     err.op = op
     return err

@@ -15,7 +15,8 @@ import numpy as np
 
 from .._ir.records import IrData, TensorKind
 from ..dtypes import storage_numpy
-from ..errors import CollectiveTimeout, EngineError, NonFiniteError, RunAborted, WorkerError
+from ..errors import (CollectiveTimeout, EngineError, EngineRuntimeError, NonFiniteError,
+                      RunAborted, WorkerError)
 from ..runtime.env import positive_int
 from .comm import Communicator, Layout
 from .compile import CollectiveStep, Program, explain_error
@@ -431,7 +432,8 @@ class Worker:
         if self.ir.replication_factor > 1:
             op = getattr(err, "op", None)
             text = str(err) if err is not exc else f"{type(exc).__name__}: {exc}"
-            err = EngineError(f"replica {replica}: {text}")
+            cls = EngineRuntimeError if isinstance(err, EngineRuntimeError) else EngineError
+            err = cls(f"replica {replica}: {text}")
             err.op = op
         if err is not exc:
             err.replica = replica

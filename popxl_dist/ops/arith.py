@@ -6,6 +6,7 @@ from typing import Union
 from .. import dtypes
 from ..tensor import Tensor
 from ._builder import Out, add_op, broadcast_shape, check_same_dtype, check_tensor, meta_of
+from .utils import check_tensor_ipu_and_tile_set
 
 __all__ = ["add", "add_", "sub", "mul", "div", "negate", "scaled_add", "scaled_add_"]
 
@@ -15,6 +16,7 @@ def binary_op(op_type: str, settings: str, lhs: Tensor, rhs: Tensor,
     """Broadcasting element-wise op on two tensors of the same dtype."""
     check_tensor(lhs, settings, "lhs")
     check_tensor(rhs, settings, "rhs")
+    check_tensor_ipu_and_tile_set(lhs=lhs, rhs=rhs)
     d = check_same_dtype(settings, lhs, rhs)
     shape = broadcast_shape(settings, lhs, rhs)
     return add_op(op_type, settings, [lhs, rhs],
@@ -30,6 +32,7 @@ def add_(lhs: Tensor, rhs: Tensor) -> Tensor:
     """In place `lhs += rhs`; `lhs` must already have the broadcast shape. Returns lhs's alias."""
     check_tensor(lhs, "add_", "lhs")
     check_tensor(rhs, "add_", "rhs")
+    check_tensor_ipu_and_tile_set(lhs=lhs, rhs=rhs)
     check_same_dtype("add_", lhs, rhs)
     shape = broadcast_shape("add_", lhs, rhs)
     if shape != lhs.shape:

@@ -6,6 +6,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from .. import dtypes
 from .._ir.records import Op
 from ..context import gcg
+from ..errors import OpSetupError
 from ..graph import Graph
 from .._pb_shim import op_view
 from ..tensor import Tensor, constant
@@ -65,8 +66,8 @@ def _connect(graph: Graph, inputs: tuple, inputs_dict: Optional[Mapping], opname
                 raise TypeError(f"Input {where} could not be coerced into a tensor for the "
                                 f"{graph_name} graph: Type {type(v)}. Value: {v}") from None
         check_in_graph(parent, v, opname)
-        if v.shape != sub_t.shape or v.dtype != sub_t.dtype:
-            raise ValueError(f"{opname}: input {i} of graph '{graph.id}' ('{sub_t.name}') expects "
+        if v.shape != sub_t.shape or v.dtype != sub_t.dtype:    # popart's op setup refuses it
+            raise OpSetupError(f"{opname}: input {i} of graph '{graph.id}' ('{sub_t.name}') expects "
                              f"{sub_t.shape} {sub_t.dtype.name}, got '{v.id}' {v.shape} "
                              f"{v.dtype.name}")
         result.append(v)
@@ -96,15 +97,21 @@ class CallSiteInfo:
     """
 
     def __init__(self, subgraph_op):
-        self._op: Op = subgraph_op._op
+        self._rec: Op = subgraph_op._op       # the emulator's record of the op
         self._parent: Graph = subgraph_op._graph
 
     @property
+    def _op(self):
+        """The op as upstream's `_ir` op (a view: `modifiesIndex`, `opType` ..., and the
+        record's fields)."""
+        return op_view(self._parent, self._rec)
+
+    @property
     def called_graph(self) -> Graph:
-        return self._parent.ir._graph(self._op.called[0])
+        return self._parent.ir._graph(self._rec.called[0])
 
     def _offset(self) -> int:
-        return 2 if self._op.type == "Loop" else 0
+        return 2 if self._rec.type == "Loop" else 0
 
     def graph_to_parent_input_index(self, idx: int) -> int:
         return idx - self._offset()
@@ -113,50 +120,50 @@ class CallSiteInfo:
         return idx + self._offset()
 
     def graph_to_parent_output_index(self, idx: int) -> int:
-        return idx - (1 if self._op.type == "Loop" else 0)
+        return idx - (1 if self._rec.type == "Loop" else 0)
 
     def parent_to_graph_output_index(self, idx: int) -> int:
-        return idx + (1 if self._op.type == "Loop" else 0)
+        return idx + (1 if self._rec.type == "Loop" else 0)
 
     def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
         g = self.called_graph._data
         if graph_tensor.id in g.inputs:
             i = self.graph_to_parent_input_index(g.inputs.index(graph_tensor.id))
-            return self._parent._tensor(self._op.inputs[i])
+            return self._parent._tensor(self._rec.inputs[i])
         if graph_tensor.id in g.outputs:
             i = self.graph_to_parent_output_index(g.outputs.index(graph_tensor.id))
-            return self._parent._tensor(self._op.outputs[i])
+            return self._parent._tensor(self._rec.outputs[i])
         raise ValueError(f"Tensor {graph_tensor.name} is not an input or output of the called "
                          f"graph(s). ('{graph_tensor.id}', graph '{g.id}')")
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
-        if parent_tensor.id not in self._op.inputs:
+        if parent_tensor.id not in self._rec.inputs:
             raise ValueError(f"Tensor {parent_tensor.name} is not a parent graph input of the "
                              f"call site. ('{parent_tensor.id}')")
-        i = self.parent_to_graph_input_index(self._op.inputs.index(parent_tensor.id))
+        i = self.parent_to_graph_input_index(self._rec.inputs.index(parent_tensor.id))
         return self.called_graph._tensor(self.called_graph._data.inputs[i])
 
     def parent_input(self, idx: int) -> Tensor:
-        return self._parent._tensor(self._op.inputs[idx])
+        return self._parent._tensor(self._rec.inputs[idx])
 
     def parent_output(self, idx: int) -> Tensor:
-        return self._parent._tensor(self._op.outputs[idx])
+        return self._parent._tensor(self._rec.outputs[idx])
 
     @property
     def inputs(self) -> Tuple[Tensor, ...]:
-        return tuple(self._parent._tensor(t) for t in self._op.inputs)
+        return tuple(self._parent._tensor(t) for t in self._rec.inputs)
 
     @property
     def outputs(self) -> Tuple[Tensor, ...]:
-        return tuple(self._parent._tensor(t) for t in self._op.outputs)
+        return tuple(self._parent._tensor(t) for t in self._rec.outputs)
 
     def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False):
         """Write the subgraph's final value of this input back to `parent_tensor`."""
-        if parent_tensor.id not in self._op.inputs:
+        if parent_tensor.id not in self._rec.inputs:
             raise ValueError(f"Tensor '{parent_tensor.id}' is not an input of this call site")
-        mod = set(self._op.attrs.get("modified", ()))
-        mod.add(self._op.inputs.index(parent_tensor.id))
-        self._op.attrs["modified"] = tuple(sorted(mod))
+        mod = set(self._rec.attrs.get("modified", ()))
+        mod.add(self._rec.inputs.index(parent_tensor.id))
+        self._rec.attrs["modified"] = tuple(sorted(mod))
 
 
 def _prep_and_validate_inputs(check_inputs: bool, parent_graph: Graph, graph: Graph,
@@ -252,10 +259,10 @@ class ConditionalSiteInfo(CallSiteInfo):
 
     @property
     def called_graph(self):
-        return (self._parent.ir._graph(self._op.called[0]), self._parent.ir._graph(self._op.called[1]))
+        return (self._parent.ir._graph(self._rec.called[0]), self._parent.ir._graph(self._rec.called[1]))
 
     def _branch_inputs(self, then_branch: bool) -> Tuple[int, ...]:
-        return self._op.attrs["then_inputs" if then_branch else "else_inputs"]
+        return self._rec.attrs["then_inputs" if then_branch else "else_inputs"]
 
     def _branch_of(self, idx: int) -> Tuple[bool, int]:
         """(then branch?, branch input index) of parent input `idx`."""
@@ -264,7 +271,7 @@ class ConditionalSiteInfo(CallSiteInfo):
             if idx in ins:
                 return then_branch, ins.index(idx)
         raise IndexError(f"Invalid parent graph input index (parent input {idx!r} of "
-                         f"'{self._op.name}' feeds no branch; input 0 is the condition)")
+                         f"'{self._rec.name}' feeds no branch; input 0 is the condition)")
 
     def is_parent_index_in_then_branch(self, idx: int) -> bool:
         return self._branch_of(idx)[0]
@@ -281,10 +288,10 @@ class ConditionalSiteInfo(CallSiteInfo):
         return self._branch_of(idx)[1]
 
     def _output_index(self, idx: int, then_branch: bool) -> int:
-        if not isinstance(idx, int) or not 0 <= idx < len(self._op.outputs):
+        if not isinstance(idx, int) or not 0 <= idx < len(self._rec.outputs):
             raise IndexError(f"Invalid graph input index (output {idx!r}: the "
                              f"{'then' if then_branch else 'else'} branch has "
-                             f"{len(self._op.outputs)} outputs)")
+                             f"{len(self._rec.outputs)} outputs)")
         return idx
 
     def graph_to_parent_output_index(self, idx: int, then_branch: bool = True) -> int:
@@ -300,18 +307,18 @@ class ConditionalSiteInfo(CallSiteInfo):
                 continue
             if graph_tensor.id in g.inputs:
                 i = self.graph_to_parent_input_index(g.inputs.index(graph_tensor.id), then_branch)
-                return self._parent._tensor(self._op.inputs[i])
+                return self._parent._tensor(self._rec.inputs[i])
             if graph_tensor.id in g.outputs:
-                return self._parent._tensor(self._op.outputs[g.outputs.index(graph_tensor.id)])
+                return self._parent._tensor(self._rec.outputs[g.outputs.index(graph_tensor.id)])
         raise ValueError(f"Tensor {graph_tensor.name} is not an input or output of the called "
-                         f"graph(s). ('{graph_tensor.id}', conditional '{self._op.name}')")
+                         f"graph(s). ('{graph_tensor.id}', conditional '{self._rec.name}')")
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
         """The branch input `parent_tensor` feeds first (the then branch's if it feeds both)."""
-        if parent_tensor.id not in self._op.inputs[1:]:
+        if parent_tensor.id not in self._rec.inputs[1:]:
             raise ValueError(f"Tensor {parent_tensor.name} is not a parent graph input of the "
-                             f"call site. ('{parent_tensor.id}', conditional '{self._op.name}')")
-        idx = self._op.inputs.index(parent_tensor.id, 1)
+                             f"call site. ('{parent_tensor.id}', conditional '{self._rec.name}')")
+        idx = self._rec.inputs.index(parent_tensor.id, 1)
         then_graph, else_graph = self.called_graph
         graph = then_graph if self.is_parent_index_in_then_branch(idx) else else_graph
         return graph._tensor(graph._data.inputs[self.parent_to_graph_input_index(idx)])

@@ -24,6 +24,7 @@ from popart import CollectiveOperator
 from .. import dtypes
 from ..context import gcg
 from ..replica_grouping import ReplicaGrouping
+from ..errors import UndefinedValue
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
 from .shape import reshape, transpose
@@ -229,7 +230,9 @@ def replica_sharded_slice(t: Tensor, group: ReplicaGrouping | None = None) -> Te
 
 def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = None) -> Tensor:
     """Split `t` into group-size equal parts along `axis`; each replica keeps the part at its
-    index in the group (rank preserved).
+    index in the group. As upstream, a part of size 1 drops the axis: the output has one
+    dimension less (for `axis` > 0, the remaining leading dimension then moves to `axis`, as
+    upstream's rearrangement does).
 
     Built as upstream: move `axis` to the front, flatten, local reduce-scatter, reshape, move
     the axis back; its gradient therefore comes from those ops (an all-gather).
@@ -245,10 +248,18 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
         raise ValueError(f"Replicated slice must equally divide axis. Axis size: "
                          f"{t.shape[axis]}. Replica group size: {size} ({opname} of '{t.id}' "
                          f"{t.shape} along axis {axis})")
-    part_shape = t.shape[:axis] + (t.shape[axis] // size,) + t.shape[axis + 1:]
+    part = t.shape[axis] // size
     flat = _rearrange_input(t, axis)
-    return _rearrange_output(_reduce_scatter(opname, flat, "local", group, False), part_shape,
-                             axis)
+    y = _reduce_scatter(opname, flat, "local", group, False)
+    if part > 1:
+        return _rearrange_output(y, t.shape[:axis] + (part,) + t.shape[axis + 1:], axis)
+    rest = t.shape[:axis] + t.shape[axis + 1:]      # the axis dropped (moved order: as is)
+    y = reshape(y, rest)
+    if axis and len(rest) > 1:                      # upstream moves dim 0 to `axis`
+        perm = list(range(1, len(rest)))
+        perm.insert(min(axis, len(rest) - 1), 0)
+        y = transpose(y, tuple(perm))
+    return y
 
 
 def _rearrange_input(t: Tensor, axis: int) -> Tensor:
@@ -342,7 +353,11 @@ def _all_reduce_ipus(opname: str, ts: Sequence[Tensor], ipus: Optional[Sequence[
                              f"{t.shape} {t.dtype.name}")
     op = _check_op(opname, op, first)
     if ipus is None:
-        ipus = [t.ipu for t in ts]
+        try:
+            ipus = [t.ipu for t in ts]
+        except UndefinedValue as e:
+            raise ValueError("Could not automatically infer the IPU of all input Tensors `ts`. "
+                             "Please specify the IPUs via the `ipus` parameter.") from e
     elif (not isinstance(ipus, (list, tuple))
           or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ipus)):
         raise TypeError(f"{opname}: 'ipus' must be a list of non-negative ints, got {ipus!r}")

@@ -30,9 +30,13 @@ def tensor_getitem(t: Tensor, key: Any) -> Tensor:
     """`t[key]` built from ops (see the module docstring)."""
     if isinstance(key, Tensor):
         return _tensor_key(t, key)
-    if isinstance(key, list) and key and all(_is_int(k) or isinstance(k, (bool, np.bool_))
-                                             for k in key):
-        key = np.asarray(key)
+    if isinstance(key, list):        # host data, nested lists too (upstream: a constant of it)
+        try:
+            arr = np.asarray(key)
+        except ValueError:           # ragged
+            raise _bad_key(t, key) from None
+        if arr.size and arr.dtype.kind in "iub":
+            key = arr
     if isinstance(key, np.ndarray):
         if key.dtype.kind in "iub":
             return _tensor_key(t, constant(key.astype(np.int32) if key.dtype.kind in "iu"

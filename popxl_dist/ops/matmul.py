@@ -55,7 +55,12 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
     """
     check_tensor(lhs, "matmul", "lhs")
     check_tensor(rhs, "matmul", "rhs")
-    d = check_same_dtype("matmul", lhs, rhs)
+    if lhs.dtype != rhs.dtype and {lhs.dtype, rhs.dtype} <= set(_MATMUL_OPERANDS):
+        # float16 with float32 builds, as upstream (the output takes lhs's dtype); the
+        # Session refuses it (session_checks.check_op_setups)
+        d = lhs.dtype
+    else:
+        d = check_same_dtype("matmul", lhs, rhs)
     if d in dtypes.FLOAT8_DTYPES:
         raise TypeError(f"matmul: '{lhs.id}' and '{rhs.id}' are {d.name}: use "
                         f"matmul_pow2scaled for float8 operands")
@@ -65,6 +70,11 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: Optional[float
     if partials_type is not None and partials_type not in _MATMUL_FLOATS:
         raise ValueError(f"dtype {partials_type} is not valid, must be float16 or float32 "
                          f"(matmul partials_type)")
+    if partials_type is None:     # as upstream: the Ir's SessionOptions.partialsTypeMatMuls
+        opt = str(lhs.ir._session_opts().partialsTypeMatMuls).lower()
+        if opt not in ("", "float", "half"):
+            raise ValueError(f"str {opt} is not valid, must be 'float' or 'half' "
+                             f"(SessionOptions.partialsTypeMatMuls)")
     shape = _matmul_shape(lhs, rhs)
     out_d = dtypes.dtype.as_dtype(output_type) if output_type is not None else d
     if out_d not in _MATMUL_OPERANDS:

@@ -29,15 +29,9 @@ class _FloatFormatError(KeyError, ValueError):
 
 
 def _inferred_ipu(t: Tensor) -> Optional[int]:
-    """The IPU of `t`'s producer, else of its first consumer with one, else None."""
-    gd = t._graph._data
-    op = gd.producer.get(t.id)
-    if op is not None:
-        return t._info.extra.get("ipu", op.ipu)
-    for op in gd.ops:
-        if t.id in op.inputs and op.ipu is not None:
-            return op.ipu
-    return None
+    """The IPU of `t` as upstream places it (its producer, call site or first consumer), or
+    None."""
+    return t._placement()[0]
 
 
 def print_tensor(t: Tensor, title: Optional[str] = None, print_self: bool = True,

@@ -134,9 +134,6 @@ def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor,
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"Not a valid reduction: {reduction}. Must choose from: mean, sum, "
                          f"none")
-    if not labels.dtype.is_int:
-        raise TypeError(f"nll_loss_with_softmax_grad: labels '{labels.id}' must be integer class "
-                        f"ids, got {labels.dtype.name}")
     if probs.rank < 1 or labels.nelms * probs.shape[-1] != probs.nelms:
         raise ValueError(f"nll_loss_with_softmax_grad: probs '{probs.id}' {probs.shape} and "
                          f"labels '{labels.id}' {labels.shape} do not match: need probs "

@@ -80,8 +80,6 @@ def dropout(t: Tensor, seed_tensor: Tensor, p: float) -> Tensor:
     check_tensor(t, "dropout", "t")
     _check_seed("dropout", seed_tensor)
     p = _check_ratio("dropout", p)
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"dropout: 't' '{t.id}' must be floating point, got {t.dtype.name}")
     return add_op("Dropout", "dropout", [t, seed_tensor],
                   [Out("dropout_out", t.shape, t.dtype, t.meta_shape)], {"ratio": p})[0]
 
@@ -91,9 +89,6 @@ def shaped_dropout(t: Tensor, seed_tensor: Tensor, shape: Sequence[int], ratio: 
     check_tensor(t, "shaped_dropout", "t")
     _check_seed("shaped_dropout", seed_tensor)
     ratio = _check_ratio("shaped_dropout", ratio)
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"shaped_dropout: 't' '{t.id}' must be floating point, got "
-                        f"{t.dtype.name}")
     shape = tuple(int(s) for s in shape)
     ok = len(shape) <= t.rank and all(
         s in (1, d) for s, d in zip(reversed(shape), reversed(t.shape)))

@@ -188,8 +188,5 @@ def histogram(t: Tensor, levels: List[float], absolute_of_input: bool) -> Tensor
 def lamb_square(t: Tensor) -> Tensor:
     """Sum of squares of every element as a float32 scalar (the LAMB optimizer's norms)."""
     check_tensor(t, "lamb_square", "t")
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"lamb_square: '{t.id}' must be a floating point tensor, got "
-                        f"{t.dtype.name}")
     return add_op("LambSquare", "lamb_square", [t],
                   [Out("lamb_square_out", (), dtypes.float32)])[0]

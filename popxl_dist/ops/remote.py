@@ -105,8 +105,8 @@ def remote_code_load(graph: Graph, destination: str) -> None:
         raise NotImplementedError(f"remote_code_load: destination {destination!r} is not "
                                   f"supported, only 'executable' (as upstream)")
     if graph is context.gcg() or graph.id == context.gcg().id:
-        raise ValueError(f"remote_code_load: cannot load the code of graph '{graph.id}' from "
-                         f"inside itself")
+        raise ValueError(f"The remote_code_load op cannot load the code for the graph it "
+                         f"resides in ({graph.id or 'the main graph'}).")
     add_op("RemoteCodeLoad", "remote_code_load", [], [],
            {"graph": graph.id, "destination": destination})
 

@@ -10,6 +10,7 @@ import numpy as np
 from popart._internal._types import ScatterReduction
 
 from .._ir.records import TensorKind
+from ..errors import OpSetupError
 from ..tensor import Tensor
 from ._builder import Out, add_op, check_tensor
 
@@ -311,8 +312,8 @@ def split(t: Tensor, splits: Union[int, List[int]], axis: int = 0) -> List[Tenso
     else:
         sizes = _as_list("split", "splits", splits)
         if any(s < 0 for s in sizes) or sum(sizes) != dim:
-            raise ValueError(f"split: sizes {sizes} must be >= 0 and sum to {dim} (axis {ax} of "
-                             f"'{t.id}' {t.shape})")
+            raise OpSetupError(f"split: sizes {sizes} must be >= 0 and sum to {dim} (axis {ax} "
+                               f"of '{t.id}' {t.shape})")
     outs = []
     for i, s in enumerate(sizes):
         shape = t.shape[:ax] + (s,) + t.shape[ax + 1:]
@@ -339,8 +340,8 @@ def _concat_shape(opname: str, ts: Sequence[Tensor], axis: int):
     for t in ts:
         if t.rank != len(base) or any(a != b for i, (a, b) in enumerate(zip(t.shape, base))
                                       if i != ax):
-            raise ValueError(f"{opname}: shapes must match except on axis {ax}, got "
-                             + ", ".join(f"'{x.id}' {x.shape}" for x in ts))
+            raise OpSetupError(f"{opname}: shapes must match except on axis {ax}, got "
+                               + ", ".join(f"'{x.id}' {x.shape}" for x in ts))
         total += t.shape[ax]
     return ts, base[:ax] + (total,) + base[ax + 1:], ax
 
@@ -575,9 +576,8 @@ def _dynamic_update(opname: str, op_type: str, out_name: str, t: Tensor, index: 
     if t_update.dtype != t.dtype:
         raise TypeError(f"{opname}: 't_update' '{t_update.id}' {t_update.dtype.name} must have "
                         f"the dtype of 't' '{t.id}' {t.dtype.name}")
-    if t_update.shape != shape:
-        raise ValueError(f"{opname}: 't_update' '{t_update.id}' has shape {t_update.shape}, "
-                         f"expected the window shape {shape}")
+    # A t_update not of the window's shape builds, as upstream; the Session refuses it
+    # (session_checks.check_op_setups).
     return add_op(op_type, opname, [t, index, t_update], [Out(out_name, t.shape, t.dtype)],
                   {"axes": axes, "sizes": sizes, "no_overlap": bool(no_overlap)})[0]
 

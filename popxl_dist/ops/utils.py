@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional, Sequence
 
 from .. import dtypes
-from ..errors import UndefinedValue
 from ..graph import Graph
 from ..tensor import Tensor
 
@@ -42,19 +41,21 @@ def check_in_graph(graph: Graph, *args: Tensor, **tensors: Tensor) -> None:
 
 
 def check_tensor_ipu_and_tile_set(*args: Tensor, **tensors: Tensor) -> None:
-    """Raise ValueError unless every tensor with a defined ipu and tile set has the same ones."""
-    seen = None
-    for name, t in _named(args, tensors):
-        try:
-            where = t._get_ipu_and_tile_set(raise_on_undefined_tile_set=False,
-                                            raise_on_undefined_ipu=False)
-        except UndefinedValue:
-            continue
-        if seen is None:
-            seen = (name, where)
-        elif where != seen[1]:
-            raise ValueError(f"Tensors `{seen[0]}` and `{name}` are on different ipus or tile "
-                             f"sets: (ipu, tile set) {seen[1]} and {where}")
+    """Raise ValueError (upstream's wording) unless the tensors that an op builder places (by
+    their producers) are on one IPU and one tile set. Tensors without a producer (variables,
+    constants, graph inputs) match any: upstream derives theirs from their consumers, which
+    this check, run by every binary op builder, does not search."""
+    placed = [(name, t._placement(consumers=False)) for name, t in _named(args, tensors)]
+    ipus = [(name, ipu) for name, (ipu, _) in placed if ipu is not None]
+    for name, ipu in ipus[1:]:
+        if ipu != ipus[0][1]:
+            raise ValueError(f"The input tensors `{ipus[0][0]}` and `{name}` are located on "
+                             f"different IPUs: {ipus[0][1]} != {ipu}.")
+    sets = [(name, ts) for name, (_, ts) in placed if ts != "undefined"]
+    for name, ts in sets[1:]:
+        if ts != sets[0][1]:
+            raise ValueError(f"The input tensors `{sets[0][0]}` and `{name}` are located on "
+                             f"different tile sets: {sets[0][1]} != {ts}.")
 
 
 def handle_negative_axis(t: Tensor, axis: int) -> int:

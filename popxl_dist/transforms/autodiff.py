@@ -204,6 +204,15 @@ class GradContext:
         """Whether input i needs a gradient (rules may skip work for the others)."""
         return self.op.inputs[i] in self._b.needed
 
+    def consumes(self, ins: Sequence[int] = (), outs: Sequence[int] = ()) -> None:
+        """Make forward inputs `ins` and outputs `outs` inputs of the gradient graph although
+        this rule does not read them: upstream's grad op takes them (its gradInputInfo), so
+        the gradient graph's expected inputs are upstream's set (programs index them)."""
+        for i in ins:
+            self.fwd_in(i)
+        for j in outs:
+            self.fwd_out(j)
+
     def unbroadcast(self, dx: Tensor, shape: Tuple[int, ...]) -> Tensor:
         """Sum `dx` over the axes that broadcasting added to reach `dx.shape` from `shape`."""
         from .. import ops

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, Dict
 
 from .._ir.records import GraphData, IrData, Op
+from ..errors import popart_exception
 from ..graph import Graph
 
 __all__ = ["OP_TO_IDENTITY", "OP_TO_IDENTITY_MESSAGE", "PATTERN_LEVELS", "op_to_identity",
@@ -67,5 +68,5 @@ def check_op_to_identity_applied(ir: IrData) -> None:
     for gd in ir.graphs.values():
         for op in gd.ops:
             if _replaceable(op):
-                raise RuntimeError(f"{OP_TO_IDENTITY_MESSAGE} ({op.describe()} in graph "
+                raise popart_exception(f"{OP_TO_IDENTITY_MESSAGE} ({op.describe()} in graph "
                                    f"'{gd.id or 'main'}')")

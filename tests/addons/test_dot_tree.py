@@ -157,3 +157,13 @@ def test_numeric_key_bounds_and_messages_as_upstream():
     with pytest.raises(KeyError, match=r"Negative numerical key does not exist: -2\. "
                                        r"Equivalent positive key: 1\."):
         gap.get(-2)
+
+
+def test_a_tree_is_true_even_when_empty_as_upstream():
+    from popxl_addons import DotTree
+
+    tree = DotTree()
+    tree.insert("foo.bar", "baz")
+    tree._clear()
+    assert tree.foo and not hasattr(tree.foo, "bar") and len(tree.foo) == 0
+    assert DotTree()

@@ -80,3 +80,27 @@ def test_cache_rejects_build_grad_and_unhashable():
     ir = popxl.Ir()
     with ir.main_graph, pytest.raises(TypeError, match="not hashable"):
         Scale(cache=True).create_graph(popxl.TensorSpec((2,), popxl.float32), factor=[np.ones(2)])
+
+
+def test_modules_that_hash_alike_share_a_graph_as_upstream():
+    """The cache identifies the function by its hash (upstream's get_function_hash): two
+    instances of a Module whose __hash__ is its configuration share one graph."""
+    class Layer(addons.Module):
+        def __init__(self, config: int):
+            super().__init__()
+            self.config = config
+
+        def build(self, x, y):
+            return x + y
+
+        def __hash__(self):
+            return hash(self.config)
+
+    ir = popxl.Ir()
+    cache = addons.GraphCache()
+    with ir.main_graph:
+        x = popxl.variable(1, name="x")
+        y = popxl.variable(2, name="y")
+        g0 = cache.create_graph(Layer(0), x, y)
+        assert cache.create_graph(Layer(0), x, y) is g0
+        assert cache.create_graph(Layer(1), x, y) is not g0

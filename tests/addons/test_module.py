@@ -187,3 +187,36 @@ def test_a_module_is_true_in_a_boolean_context():
             results.append(s.run()[st])
     np.testing.assert_array_equal(results[0], 3.0)
     np.testing.assert_array_equal(results[1], 1.0)
+
+
+class _AuxLinear(addons.Module):
+    def build(self, x):
+        self.w = self.add_variable_input("w", partial(np.ones, (2, 2)), popxl.float32)
+        self.aux["x"] = x
+        self.aux["w"] = self.w
+        return x @ self.w
+
+    def build_grad(self, dy):
+        assert "w" not in self.var_grad and "nope" not in self.var_grad
+        self.var_grad["w"] = (dy.T @ self.aux["x"]).T
+        assert "w" in self.var_grad
+        return dy @ self.aux["w"].T
+
+
+def test_build_grad_stitches_every_aux_tensor_and_checks_the_signature():
+    """As upstream: every aux tensor becomes a forward output (inputs too), so the gradient
+    graph's inputs (the gradient, then the aux it reads) number the forward outputs;
+    `name in var_grad` says whether a gradient was set; gradients provided that do not fit
+    build_grad's signature are refused as create_graph refuses them."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones((3, 2), np.float32), name="x")
+        facts, fwd = _AuxLinear().create_graph(x)
+        grad = fwd.autodiff(method="build_grad")
+        assert len(fwd.graph.outputs) == 3 == len(grad.graph.inputs)
+        assert [e.connection_type.name for e in grad.grad_graph_info.expected_inputs] == \
+            ["FwdGrad", "Fwd", "Fwd"]
+        facts2, fwd2 = _AuxLinear().create_graph(x)
+        with pytest.raises(ValueError, match=r"^The arguments, `args` and `kwargs`, do not match "
+                                             r"the signature of the function `fn`"):
+            fwd2.autodiff(method="build_grad", grads_provided=[])

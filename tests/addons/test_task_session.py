@@ -141,6 +141,28 @@ def test_load_checkpoint_restores_state_steps_and_dataloader(tmp_path):
     assert dst.session_state == {"steps": 0}
 
 
+@pytest.mark.parametrize("content,kind", [("[1, 2]", "array"), ('"steps"', "string"),
+                                          ("7", "number"), ("null", "null")])
+def test_a_session_info_that_is_no_json_object_is_refused_naming_the_file(tmp_path, content,
+                                                                           kind):
+    """session_info.json holding anything but an object: a ValueError naming the file, before
+    anything is loaded (the session keeps its weights and state)."""
+    src = make_session(seed=1)
+    with src:
+        feed(src, 1.0)
+        src.save_checkpoint(str(tmp_path / "c"))
+    info = tmp_path / "c" / "session_info.json"
+    info.write_text(content)
+    dst = make_session(seed=2)
+    before = {k: np.array(v) for k, v in dst.get_named_tensors_data().to_dict().items()}
+    with pytest.raises(ValueError, match=rf"^load_checkpoint: {info} is unreadable \(it holds a "
+                                         rf"JSON {kind}, not the object of session state"):
+        dst.load_checkpoint(str(tmp_path / "c"))
+    assert dst.session_state == {"steps": 0}
+    for key, value in dst.get_named_tensors_data().to_dict().items():
+        np.testing.assert_array_equal(value, before[key])
+
+
 def test_loading_is_reported_for_missing_keys(tmp_path):
     src = make_session()
     src.save_checkpoint(str(tmp_path / "c"))

@@ -111,6 +111,61 @@ def test_device_info():
     assert sess.device == "ipu_model"
     sess._set_device(d)
     assert sess.device == "ipu_hw"
+    sess.device = popart.DeviceManager().createCpuDevice()     # assigning switches it too
+    assert sess.device == "cpu" and d.tryAttachUntilTimeout() and d.isAttached
+
+
+def test_device_manager_hands_out_emulated_devices():
+    """Upstream's DeviceManager as test helpers use it: every kind of device is the emulator,
+    so acquiring never fails; the devices run Sessions and detach on leaving `with`."""
+    dm = popart.DeviceManager()
+    hw = dm.acquireAvailableDevice(numIpus=2, tilesPerIpu=4, pattern=popart.SyncPattern.Full,
+                                   connectionType=popart.DeviceConnectionType.OnDemand,
+                                   selectionCriterion=popart.DeviceSelectionCriterion.Random)
+    assert hw.type == popart.DeviceType.Ipu and hw.numIpus == 2 and hw.tilesPerIPU == 4
+    model = dm.createIpuModelDevice({"numIPUs": 4, "tilesPerIPU": 8, "ipuVersion": "ipu2"})
+    assert model.type == popart.DeviceType.IpuModel and model.numIpus == 4
+    assert dm.createCpuDevice().type == popart.DeviceType.Cpu
+    assert [d.numIpus for d in dm.enumerateDevices(numIpus=8)] == [8]
+    assert dm.acquireDeviceById(3).id == 3
+    dm.setOnDemandAttachTimeout(900)
+    with pytest.raises(ValueError, match="numIpus must be a positive int, got 0"):
+        dm.acquireAvailableDevice(numIpus=0)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.float32(2), name="v")
+        ops.var_updates.accumulate_(v, popxl.constant(np.float32(1)))
+    with hw as device:
+        device.attach()
+        with popxl.Session(ir, device) as sess:
+            sess.run()
+            assert sess.device == "ipu_hw" and sess.get_tensor_data(v) == 3.0
+    assert not hw.isAttached
+
+
+def test_popart_logger_writes_to_stderr_at_warn(capfd, tmp_path, monkeypatch):
+    """popart.getLogger: its own sink (stderr, not Python logging), WARN by default, upstream's
+    line format; setLevel; POPART_LOG_DEST names a file."""
+    import re
+
+    log = popart.getLogger()
+    log.info("not shown")
+    log.warn("shown")
+    err = capfd.readouterr().err
+    assert "not shown" not in err
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z popart \d+\.\d+ W: shown\n", err)
+    log.setLevel("DEBUG")
+    try:
+        popart.getLogger("session").debug("now shown")
+        assert re.search(r" popart:session \d+\.\d+ D: now shown$", capfd.readouterr().err)
+        monkeypatch.setenv("POPART_LOG_DEST", str(tmp_path / "popart.log"))
+        log.error("to the file")
+        assert capfd.readouterr().err == ""
+        assert (tmp_path / "popart.log").read_text().endswith(" E: to the file\n")
+        with pytest.raises(ValueError, match="unknown level 'LOUD'"):
+            log.setLevel("LOUD")
+    finally:
+        log.setLevel("WARN")
 
 
 def test_weights_io_through_pb_session():
@@ -140,3 +195,19 @@ def test_onnx_sessions_import_and_refuse_construction():
         with pytest.raises(NotImplementedError, match="not emulated"):
             cls.createFromOnnxModel(b"")
     assert popart.DataType.FLOAT16 == "FLOAT16"
+
+
+@pytest.mark.parametrize("env", [{"POPXL_CACHE_DIR": "/c/x"}, {"POPART_CACHE_DIR": "/c/x"},
+                                 {"POPART_CACHE_DIR": "/c/y", "POPXL_CACHE_DIR": "/c/x"}])
+def test_cache_dir_environment_turns_engine_caching_on(monkeypatch, env):
+    """As upstream's SessionOptions: POPART_CACHE_DIR / POPXL_CACHE_DIR set engine caching
+    and its path (POPXL's wins)."""
+    for k in ("POPART_CACHE_DIR", "POPXL_CACHE_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    opts = popxl.Ir()._pb_ir.getSessionOptions()
+    assert opts.enableEngineCaching and opts.cachePath == "/c/x"
+    monkeypatch.delenv("POPART_CACHE_DIR", raising=False)
+    monkeypatch.delenv("POPXL_CACHE_DIR", raising=False)
+    assert not popart.SessionOptions().enableEngineCaching

@@ -146,3 +146,18 @@ def test_build_location_names_the_user_line_whatever_the_package_folders_are_cal
     first, second = proc.stdout.splitlines()
     assert first == f"{script}:7"
     assert second == f"[{str(script)!r}]"
+
+
+def test_create_graph_refuses_varargs_that_mix_tensors_and_other_values():
+    """As upstream: *args / **kwargs (like list arguments) hold Tensors only or none."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.float32(1), name="v")
+        for args in ((v, 5), (5, v)):
+            with pytest.raises(TypeError, match="argument can't contain a mixture of Tensors "
+                                                "and other types. Arg name: _"):
+                ir.create_graph(lambda *_: None, *args)
+        with pytest.raises(TypeError, match="mixture of Tensors and other types. Arg name: kw"):
+            ir.create_graph(lambda **kw: None, a=v, b=5)
+        ir.create_graph(lambda *_: None, 5, 6)               # no tensors: fine
+        ir.create_graph(lambda *ts: ts[0] + ts[1], v, v)

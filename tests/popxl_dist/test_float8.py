@@ -47,7 +47,7 @@ def ref_values(name):
 
 def ref_encode(x, name, log2_scale=0, nan_on_overflow=True):
     """Nearest code to x*2^s, ties to the even code; |x| at or beyond max + half the top
-    spacing overflows (to NaN or to +-max)."""
+    spacing overflows (to NaN or to +-max); NaN and +-inf are NaN (upstream's host cast)."""
     e_bits, m_bits, bias = FORMATS[name]
     vals = ref_values(name)
     codes = np.array([c for c in range(256) if c != 0x80])
@@ -57,7 +57,7 @@ def ref_encode(x, name, log2_scale=0, nan_on_overflow=True):
     out = []
     for v in np.asarray(x, dtype=np.float64).reshape(-1):
         v = math.ldexp(float(v), log2_scale) if math.isfinite(v) else float(v)
-        if math.isnan(v):
+        if not math.isfinite(v):
             out.append(0x80)
         elif abs(v) >= big + top / 2:
             out.append(0x80 if nan_on_overflow else (0xFF if v < 0 else 0x7F))

@@ -134,3 +134,18 @@ def test_candidate_config_and_metric_type():
 def test_mse_scale_errors(call, match):
     with pytest.raises(RuntimeError, match=match):
         call()
+
+
+@pytest.mark.parametrize("src_dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("fmt", [popxl.float8_143, popxl.float8_152])
+def test_infinity_is_nan_even_when_finite_overflow_saturates(src_dtype, fmt):
+    """As upstream's host cast: with nan_on_overflow=False a finite overflow saturates to
+    +-largest, but +-inf (e.g. 70000 in float16) becomes NaN."""
+    from popxl.fp8_utils import host_pow2scale_cast_to_fp8
+
+    big = np.finfo(np.float16).max if src_dtype is np.float16 else 1e6
+    src = np.array([big, -big, np.inf, -np.inf, np.nan], src_dtype)
+    codes = host_pow2scale_cast_to_fp8(src, fmt, 0, False).view(np.uint8)
+    np.testing.assert_array_equal(codes, [0x7F, 0xFF, 0x80, 0x80, 0x80])
+    codes = host_pow2scale_cast_to_fp8(src, fmt, 0, True).view(np.uint8)
+    np.testing.assert_array_equal(codes, [0x80] * 5)

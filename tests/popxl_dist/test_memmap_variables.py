@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from functools import partial
 
+import re
+
 import numpy as np
 import pytest
 
@@ -207,17 +209,21 @@ def test_memmaps_that_need_a_copy_are_refused(tmp_path, make):
 
 
 @pytest.mark.parametrize("make", KINDS, ids=lambda f: f.__name__.strip("_"))
-def test_memmap_with_a_non_constant_grouping_is_copied(tmp_path, make, caplog):
-    """Upstream lays such data out for the device's const_rg, so it copies it (with a warning):
-    the variable is not memmap-backed; the program runs as with an array."""
+def test_memmap_with_a_non_constant_grouping_is_copied(tmp_path, make, capfd):
+    """Upstream lays such data out for the device's const_rg, so it copies it (with a warning
+    on PopART's logger, to stderr): the variable is not memmap-backed; the program runs as with
+    an array."""
     ir = popxl.Ir(replication=8)
     data = np.memmap(tmp_path / "w.bin", np.float32, "w+", shape=(2, 8))
     data[...] = np.arange(16, dtype=np.float32).reshape(2, 8)
     with ir.main_graph, popxl.in_sequence():
         rg = ir.replica_grouping_from_assignments([0, 0, 1, 1, 0, 0, 1, 1])
-        with caplog.at_level("WARNING", logger="popxl"):
-            var, buf = make(data, rg=rg)
-        assert "np.memmap data and a non-const replica grouping" in caplog.text
+        capfd.readouterr()
+        var, buf = make(data, rg=rg)
+        err = capfd.readouterr().err
+        assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+Z popart \d+\.\d+ W: In creation of variable "
+                         r".*you have passed np.memmap data and a non-const replica grouping",
+                         err, re.M), err
         assert var._memmap_arr is None
         if buf is not None:
             w = ops.remote_load(buf, 0)

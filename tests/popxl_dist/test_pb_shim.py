@@ -76,6 +76,11 @@ def test_tensor_views_and_round_trips():
     assert [o.opType() for o in gi.getConsumers()] == ["MatMul"]
     assert g._pb_graph.getInputIndex(gi.id) == 1
     assert ir._pb_ir.getGraph(g.id) == g._pb_graph and ir._pb_ir.hasGraph(g.id)
+    # data at construction time: variables and constants have it, op outputs do not
+    assert x._pb_tensor.hasTensorData() and w._pb_tensor.hasTensorData()
+    assert not pt.hasTensorData() and not gi.hasTensorData()
+    assert pt.info.data_type_lcase() == "float"
+    assert y.id in ir._pb_ir.getMainGraph() and "no such id" not in ir._pb_ir.getMainGraph()
 
 
 def test_graph_mutations_through_the_view():
@@ -313,3 +318,71 @@ def test_internal_ir_names_programs_import():
     assert isinstance(_ir.op.SerialiseSettings(), _ir.op.SerialiseSettings)
     ir, g, *_ = _program()
     assert isinstance(g._pb_graph.getOps()[0].settings, Settings)
+
+
+def test_log_ir_logs_every_graph_on_popart_s_ir_logger_at_debug(capfd):
+    import popart
+
+    ir, g, x, w, y = _program()
+    capfd.readouterr()
+    ir._pb_ir.logIr()
+    assert capfd.readouterr().err == ""                   # WARN by default: nothing
+    popart.getLogger().setLevel("DEBUG")
+    try:
+        ir._pb_ir.logIr()
+    finally:
+        popart.getLogger().setLevel("WARN")
+    err = capfd.readouterr().err
+    assert "popart:ir" in err and "Logging the IR:" in err and "End IR" in err
+    assert f"Graph '{g.id}': MatMul." in err and "Gelu." in err and "Graph '': Call." in err
+
+
+def test_op_views_answer_upstreams_op_queries():
+    """isOptimizerOp, getFactor / getAxis of the accumulate ops, getSettings, and
+    PbTensor.isAliased (in-place and view ops alias their input 0; copies do not)."""
+    ir = popxl.Ir()
+    g = ir.main_graph
+    with g:
+        a = popxl.variable(np.ones((2, 3), np.float32), name="a")
+        f = popxl.variable(np.float32(2), name="f")
+        ops.var_updates.accumulator_scale_(a, 0.125)
+        ops.var_updates.accumulator_scale_(a, f)
+        idx = popxl.variable(np.array([0, 1], np.int32), name="idx")
+        ops.var_updates.sparse_accumulate_(a, popxl.variable(np.ones((2, 2), np.float32)), idx,
+                                           axis=1, f=0.5)
+        with popxl.io_tiles():
+            s = a + 1.0
+        b = popxl.variable(np.ones((2, 3), np.float32), name="b")
+        ops.reshape_(b, (3, 2))
+        c = popxl.variable(np.ones((2, 3), np.float32), name="c")
+        ops.reshape(c, (6,))
+    scale0, scale1, sparse, add = g._pb_graph.getOps()[:4]
+    assert scale0.isOptimizerOp() and sparse.isOptimizerOp() and not add.isOptimizerOp()
+    assert (scale0.getFactor().val(), scale0.getFactor().isConst()) == (0.125, True)
+    assert (scale1.getFactor().val(), scale1.getFactor().isConst()) == (0.0, False)
+    assert sparse.getFactor().val() == 0.5 and sparse.getAxis() == 1
+    assert add.getSettings().tileSet == _ir.TileSet.IO and s.tile_set == "io"
+    with pytest.raises(AttributeError, match="has no factor"):
+        add.getFactor()
+    assert a._pb_tensor.isAliased() and b._pb_tensor.isAliased()
+    assert not c._pb_tensor.isAliased() and not f._pb_tensor.isAliased()
+
+
+def test_call_site_info_op_is_upstreams_op_view():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.ones(2, np.float32), name="v")
+        w = popxl.variable(np.ones(2, np.float32), name="w")
+
+        def by_ref(x: popxl.TensorByRef, y):
+            ops.var_updates.accumulate_(x, y)
+
+        g = ir.create_graph(by_ref, v, w)
+        info = ops.call_with_info(g, v, w)
+    assert isinstance(info._op, _ir.op.CallOp) and info._op.opType() == "Call"
+    assert info._op.modifiesIndex(0) and not info._op.modifiesIndex(1)
+    assert info.called_graph is g and info.graph_to_parent(g.inputs[0]) is v
+    with ir.main_graph:
+        loop = ops.repeat_with_info(g, 3, v, w)
+    # upstream's LoopOp inputs start with the trip count and the condition
+    assert [loop._op.modifiesIndex(i) for i in range(4)] == [False, False, True, False]

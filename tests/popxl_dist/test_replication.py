@@ -213,8 +213,9 @@ def test_replicated_variable_starts_equal_then_diverges(workers):
             ops.var_updates.accumulate_(w_all, x)
     assert w.replica_grouping == ir.replica_grouping()
     assert (w.retrieval_mode, w_all.retrieval_mode) == ("one_per_group", "all_replicas")
-    assert (w.shape_on_host, w_all.shape_on_host, w.shape_on_replica) == (
-        SHAPE, (R,) + SHAPE, SHAPE)
+    # shape_on_host is upstream's (one group: the shape); all_replicas reads return every replica
+    assert (w.shape_on_host, w_all.shape_on_host, w.shape_on_replica) == (SHAPE, SHAPE, SHAPE)
+    assert w_all._retrieved_shape == (R,) + SHAPE
     x = np.arange(R)[:, None, None] * np.ones(SHAPE, np.float32)   # replica r adds r
     with popxl.Session(ir, "cpu") as sess:
         out = sess.run({x_s: x})
@@ -276,9 +277,10 @@ def test_grouped_variables(workers, R, spec):
             ops.var_updates.accumulate_(va, x)
     assert v.replica_grouping == rg and v.shape == (3,) and v.shape_on_replica == (3,)
     assert v.shape_on_host == ((G, 3) if G > 1 else (3,))
-    assert va.shape_on_host == ((R, 3) if rg.group_size > 1 else (G, 3))
+    assert va.shape_on_host == v.shape_on_host            # upstream's: per group, any mode
 
     sess = popxl.Session(ir, "cpu")
+    assert sess.get_tensor_data(va).shape == ((R, 3) if rg.group_size > 1 else (G, 3))
     np.testing.assert_array_equal(sess.get_tensor_data(v), data)
     np.testing.assert_array_equal(sess.get_tensor_data(va), data[assign])   # R == G when k == 1
 
@@ -391,3 +393,26 @@ def test_popdist_replication(monkeypatch, workers):
     with popxl.Session(ir, "cpu") as sess:
         assert sess._full_input_shape((2,)) == (4, 2)
         np.testing.assert_array_equal(sess.run({x_s: x})[y_s], x + 1)
+
+
+def test_replication_set_in_the_session_options_is_the_irs():
+    """As upstream, whose Ir keeps its replica count in its SessionOptions: setting
+    enableReplicatedGraphs / replicatedGraphCount there sets replication_factor (until a
+    Session prepares the Ir), and programs run with it."""
+    ir = popxl.Ir()
+    opts = ir._pb_ir.getSessionOptions()
+    opts.enableReplicatedGraphs = True
+    opts.replicatedGraphCount = 2
+    assert ir.replication_factor == 2
+    with ir.main_graph:
+        t = popxl.variable(np.arange(6, dtype=np.float32).reshape(2, 3), name="t")
+        g = ops.collectives.replicated_all_gather(t)
+        out = popxl.d2h_stream(g.shape, g.dtype, "out")
+        ops.host_store(out, g)
+    assert g.shape == (4, 3)
+    with popxl.Session(ir, "cpu") as sess:
+        got = sess.run()[out]
+    want = np.concatenate([np.arange(6, dtype=np.float32).reshape(2, 3)] * 2)
+    np.testing.assert_array_equal(got, np.stack([want, want]))
+    opts.replicatedGraphCount = 4                 # too late: the Session prepared the Ir
+    assert ir.replication_factor == 2

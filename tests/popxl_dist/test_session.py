@@ -124,7 +124,8 @@ def test_get_tensor_data_rejects_non_variables():
 
 @pytest.mark.parametrize("dtype,value", [(np.int32, 3.7), (np.float32, 1e300), (np.uint8, -1),
                                          (np.int32, float("nan")), (np.uint8, 256),
-                                         (np.bool_, 2)])
+                                         (np.bool_, 2), (np.float16, 2**70),
+                                         (np.float32, 10**400), (np.int32, 2**70)])
 def test_write_variable_data_refuses_numbers_it_would_change(dtype, value):
     """A Python number written to a variable must be representable in its dtype (a fraction
     into an integer variable, a value out of range, NaN into an integer, a finite overflow to
@@ -144,7 +145,8 @@ def test_write_variable_data_refuses_numbers_it_would_change(dtype, value):
                                               (np.float32, 0.1, np.float32(0.1)),
                                               (np.float16, 1e4, np.float16(1e4)),
                                               (np.uint8, 255, 255), (np.bool_, True, True),
-                                              (np.float32, float("inf"), np.inf)])
+                                              (np.float32, float("inf"), np.inf),
+                                              (np.float32, 2**70, np.float32(2.0**70))])
 def test_write_variable_data_takes_representable_numbers(dtype, value, want):
     ir = popxl.Ir()
     with ir.main_graph:
@@ -154,6 +156,89 @@ def test_write_variable_data_takes_representable_numbers(dtype, value, want):
         got = sess.get_tensor_data(v)
     assert got.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got, np.full(2, want, dtype))
+
+
+@pytest.mark.parametrize("data,why", [([[1.0, 2.0, 3.0], [4.0]], "inhomogeneous"),
+                                      ([np.zeros(2), np.zeros(3)], "inhomogeneous")])
+def test_write_variable_data_names_the_variable_for_data_that_is_no_array(data, why):
+    """Data NumPy cannot turn into one array (a ragged list) is refused naming the variable
+    and the shape and dtype it expects, not with NumPy's message alone; the variable keeps
+    its value."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.zeros((2, 3), np.float32), name="weight")
+    with popxl.Session(ir, "cpu") as sess:
+        with pytest.raises(TypeError, match=rf"^write_variable_data: the data for variable "
+                                            rf"weight is not an array \(list: ValueError: .*"
+                                            rf"{why}.*\); expected a NumPy array of shape "
+                                            rf"\(2, 3\) and dtype float32$"):
+            sess.write_variable_data(v, data)
+        np.testing.assert_array_equal(sess.get_tensor_data(v), np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("build,op,operand,kind", [
+    (lambda f, i: ops.exp(i), "Exp", "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.swish_(i), "SwishInplace", "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.dropout(i, popxl.variable(np.array([1, 2]), popxl.uint32), 0.5),
+     "Dropout", "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.lamb_square(i), "LambSquare", "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.var_updates.adam_updater(i, i), "AdamUpdater", "'acc_first_order' 'i'",
+     "a floating point"),
+    (lambda f, i: ops.var_updates.lamb_updater(f, f, weight=i, weight_decay=0.1),
+     "LambUpdater", "'weight' 'i'", "a floating point"),
+    (lambda f, i: ops.var_updates.adam_updater(f, f, time_step=i[0, 0], beta1=0.9, beta2=0.9),
+     "AdamUpdater", "'time_step'", "a floating point"),
+    (lambda f, i: ops.var_updates.adam_var_update(i, f, f[0, 0], f[0, 0]), "AdamVarUpdate",
+     "'t' 'i'", "a floating point"),
+    (lambda f, i: ops.nll_loss_with_softmax_grad(f, f[:, 0]), "NlllWithSoftmaxGradDirect",
+     "'labels'", "an integer"),
+])
+def test_operand_dtypes_no_ipu_program_takes_are_refused_by_the_session(build, op, operand,
+                                                                        kind):
+    """As upstream, these ops build with such operands (an integer input to exp, dropout or an
+    Adam updater; float labels); the Session refuses them, naming the op, the operand and
+    where the op was built, before anything runs."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        f = popxl.variable(np.ones((2, 2), np.float32), name="f")
+        i = popxl.variable(np.ones((2, 2), np.int32), name="i")
+        build(f, i)                                       # builds, as upstream
+    with pytest.raises(TypeError, match=rf"^Session: {op}\.\d+ .* \(built at .*test_session.py:"
+                                        rf"\d+\): {operand}.* must have {kind} dtype, got "
+                                        rf"\w+ \(the op builds, as upstream, but cannot "
+                                        rf"compile\)$"):
+        popxl.Session(ir, "cpu")
+
+
+def test_weights_come_to_the_host_once_per_run_and_say_so_on_popart_s_log(capfd):
+    """get_tensor_data after a run copies the weights from the device once (PopART's debug
+    lines "Writing weights to host" / "... complete.", as upstream's Devicex logs them), not
+    again while the host copy is in sync, nor after write_variables_data."""
+    import popart
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        w = popxl.variable(np.float32(2), name="w")
+        ops.var_updates.accumulate_(w, popxl.constant(np.float32(1)))
+    sess = popxl.Session(ir, "cpu")
+    popart.getLogger().setLevel("DEBUG")
+    try:
+        capfd.readouterr()
+        with sess:
+            log = capfd.readouterr().err          # entering uploads the weights once
+            assert log.count("D: Writing weights from host, \n") == 1 and "D: done." in log
+            sess.get_tensor_data(w)
+            assert "Writing weights" not in capfd.readouterr().err   # in sync since made
+            sess.run()
+            assert sess.get_tensor_data(w) == 3.0 and sess.get_tensor_data(w) == 3.0
+            log = capfd.readouterr().err
+            assert log.count("D: Writing weights to host complete.") == 1, log
+            assert log.count("D: Writing weights to host\n") == 1, log
+            sess.write_variables_data({w: np.float32(7)})
+            sess.get_tensors_data([w])
+            assert "Writing weights to host" not in capfd.readouterr().err
+    finally:
+        popart.getLogger().setLevel("WARN")
 
 
 def test_variables_updated_in_place_persist_across_runs():

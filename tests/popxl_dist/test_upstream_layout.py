@@ -94,10 +94,18 @@ def test_ops_utils():
         with pytest.raises(ValueError, match="^The input tensor `t` is not in the current Graph"):
             U.check_in_graph(g, t=x)
         U.check_tensor_ipu_and_tile_set(a=x, b=x)
+        x0 = x + 0.0
         with popxl.ipu(1):
             y = x + 1.0
-        with pytest.raises(ValueError, match="different ipus"):
-            U.check_tensor_ipu_and_tile_set(a=x, b=y)
+        U.check_tensor_ipu_and_tile_set(a=x, b=y)      # a variable matches any IPU
+        with pytest.raises(ValueError, match=r"^The input tensors `a` and `b` are located on "
+                                             r"different IPUs: 0 != 1\.$"):
+            U.check_tensor_ipu_and_tile_set(a=x0, b=y)
+        with popxl.io_tiles():
+            z = x + 2.0
+        with pytest.raises(ValueError, match=r"^The input tensors `a` and `b` are located on "
+                                             r"different tile sets: compute != io\.$"):
+            U.check_tensor_ipu_and_tile_set(a=x0, b=z)
     assert U.convert_optional_float(None) is None and U.convert_optional_float(2) == 2.0
     assert U.convert_optional_int64_list((1.0, 2)) == [1, 2]
     assert U.convert_optional_dtype(np.float16) == popxl.float16

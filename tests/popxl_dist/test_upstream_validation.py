@@ -88,10 +88,6 @@ OP_CASES = [
      r"Bias correction requires both beta1 and beta2 to not be None\."),
     (lambda a, i, s: ops.var_updates.adamax_updater(a, a), ValueError,
      r"AdaMax requires time_step to not be None\."),
-    (lambda a, i, s: ops.var_updates.adam_updater(a, a, weight=i[0:2], weight_decay=0.1),
-     TypeError, r"adam_updater: 'weight'"),
-    (lambda a, i, s: ops.var_updates.lamb_updater(i, i), TypeError,
-     r"lamb_updater: 'acc_first_order' 'i' must have a floating point dtype, got int32"),
     (lambda a, i, s: ops.host_store(popxl.d2h_stream((2, 3), popxl.int32), a), ValueError,
      r"dtype of stream .* `popxl.dtypes.int32` does not match dtype of provided tensor "
      r"`popxl.dtypes.float32`"),

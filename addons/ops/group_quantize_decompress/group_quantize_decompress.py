@@ -2,8 +2,8 @@
 
 Along axis `dim`, values are cut into groups of `group_size`; each group keeps a float16 `scale`
 = (max - min) / 15 and `bias` = min, and each value a 4-bit code `round((x - bias) / scale)`.
-Four codes are packed per uint16, lowest nibble first. Layouts, with `*lead` the other axes and
-G = size(dim) / group_size:
+Four codes are packed per uint16, the first in the highest nibble (as upstream). Layouts,
+with `*lead` the other axes and G = size(dim) / group_size:
 
     compressed (*lead, G, group_size // 4) uint16     scale, bias (*lead, G, 1) float16
 
@@ -33,6 +33,8 @@ def group_quantize_compress_numpy(t: np.ndarray, group_size: int, dim: int
     if t.ndim < 1 or not -t.ndim <= dim < t.ndim:
         raise ValueError(f"group_quantize_compress_numpy: dim {dim!r} is out of range for "
                          f"shape {t.shape}")
+    if not np.isfinite(t).all():
+        raise ValueError("Cannot compress t which contains non-finite values")
     x = np.moveaxis(t.astype(np.float32), dim, -1)
     n = x.shape[-1]
     if not isinstance(group_size, int) or group_size < 4 or group_size % 4 or n % group_size:
@@ -47,7 +49,8 @@ def group_quantize_compress_numpy(t: np.ndarray, group_size: int, dim: int
                      0)
     codes = np.clip(codes, 0, 15).astype(np.uint16)
     quads = codes.reshape(codes.shape[:-1] + (group_size // 4, 4))
-    packed = (quads[..., 0] | quads[..., 1] << 4 | quads[..., 2] << 8 | quads[..., 3] << 12)
+    # as upstream: the first code of each group of 4 in the highest nibble
+    packed = (quads[..., 0] << 12 | quads[..., 1] << 8 | quads[..., 2] << 4 | quads[..., 3])
     return packed.astype(np.uint16), scale, bias
 
 
@@ -55,7 +58,7 @@ def group_quantize_decompress_numpy(t: np.ndarray, group_scale: np.ndarray,
                                     group_bias: np.ndarray, dim: int) -> np.ndarray:
     """The host twin of `group_quantize_decompress`."""
     t = np.asarray(t, np.uint16)
-    codes = (t[..., None] >> np.array([0, 4, 8, 12], np.uint16)) & 0xF
+    codes = (t[..., None] >> np.array([12, 8, 4, 0], np.uint16)) & 0xF
     v = codes.reshape(t.shape[:-1] + (-1,)).astype(np.float32) \
         * group_scale.astype(np.float32) + group_bias.astype(np.float32)
     v = v.reshape(t.shape[:-2] + (-1,)).astype(group_scale.dtype)

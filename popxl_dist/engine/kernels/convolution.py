@@ -125,17 +125,17 @@ def _conv_family(op_type: str, make_fn, doc: str):
     shape, calc)` in float32 for float16 (rounded once); float8 operands with a log2_scale
     third input are decoded, run in float32 and scaled by 2^log2_scale before rounding."""
 
-    def factory(attrs, ins, outs):
+    def factory(attrs, ins, outs, env=None):
         dt = np_dtype(outs[0])
         fn = make_fn(attrs, ins[0].shape, ins[1].shape, outs[0].shape, _calc(dt))
         if len(ins) == 3:
             from .float8 import pow2scaled
 
-            return pow2scaled(fn, ins, outs, op_type)
+            return pow2scaled(fn, ins, outs, op_type, env)
         return lambda a, b: _as(fn(a, b), dt)
 
     factory.__doc__ = doc
-    kernel(op_type)(factory)
+    kernel(op_type, settings=True)(factory)
 
 
 _conv_family("Conv", _conv_fn, "ins (x, w[, log2_scale]) -> y.")

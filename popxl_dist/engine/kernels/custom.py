@@ -49,12 +49,12 @@ def _rotary_grad_kernel(attrs, ins, outs) -> Callable:
     return _rotary(attrs, outs, -1.0)
 
 
-_SHIFTS = np.array([0, 4, 8, 12], np.uint16)
+_SHIFTS = np.array([12, 8, 4, 0], np.uint16)     # first code in the highest nibble
 
 
 def unpack_nibbles(t: np.ndarray) -> np.ndarray:
-    """uint16 `(..., W)` -> uint8 codes `(..., 4W)`: word w holds codes 4w..4w+3, lowest nibble
-    first."""
+    """uint16 `(..., W)` -> uint8 codes `(..., 4W)`: word w holds codes 4w..4w+3, highest
+    nibble first (upstream's packing)."""
     return ((t[..., None] >> _SHIFTS) & 0xF).astype(np.uint8).reshape(t.shape[:-1] + (-1,))
 
 

@@ -7,19 +7,29 @@ from typing import Callable
 import numpy as np
 
 from ... import _float8
+from ...errors import DeviceRuntimeError
 from ._util import np_dtype
 from .registry import kernel
 
-__all__ = ["runtime_scale", "decoder", "pow2scaled"]
+__all__ = ["runtime_scale", "checks_scale", "decoder", "pow2scaled"]
 
 
-def runtime_scale(s: np.ndarray, op_type: str) -> int:
-    """The value of a log2_scale input; ValueError outside [-32, 32)."""
+def runtime_scale(s: np.ndarray, op_type: str, check: bool = True) -> int:
+    """The value of a log2_scale input. Outside [-32, 32): a DeviceRuntimeError (a Poplar
+    runtime error upstream) when `check` (SessionOptions.throwIfLog2ScaleTensorNotInRange),
+    else the value as it is (undefined upstream: here 2^value, as inside the range)."""
     v = int(s.reshape(()) if isinstance(s, np.ndarray) else s)
     lo, hi = _float8.LOG2_SCALE_RANGE
-    if not lo <= v < hi:
-        raise ValueError(f"{op_type}: log2_scale must lie in [{lo}, {hi}), got {v}")
+    if check and not lo <= v < hi:
+        raise DeviceRuntimeError(f"{op_type}: log2_scale must lie in [{lo}, {hi}), got {v} "
+                                 f"(SessionOptions.throwIfLog2ScaleTensorNotInRange)")
     return v
+
+
+def checks_scale(env) -> bool:
+    """Whether the Session checks log2 scales (its IR's SessionOptions when it was made; a
+    kernel built without a compiler, `env` None, checks)."""
+    return env is None or getattr(env.ir, "log2_scale_checks", True)
 
 
 def decoder(info) -> Callable[[np.ndarray], np.ndarray]:
@@ -28,38 +38,41 @@ def decoder(info) -> Callable[[np.ndarray], np.ndarray]:
     return lambda codes: np.asarray(table[codes])
 
 
-@kernel("Pow2ScaleThenCast")
-def _pow2scale_then_cast(attrs, ins, outs):
+@kernel("Pow2ScaleThenCast", settings=True)
+def _pow2scale_then_cast(attrs, ins, outs, env=None):
     fmt = _float8.format_of(outs[0].dtype.name)
+    check = checks_scale(env)
 
     def run(x, s):
-        return _float8.encode(x, fmt, runtime_scale(s, "Pow2ScaleThenCast"), True)
+        return _float8.encode(x, fmt, runtime_scale(s, "Pow2ScaleThenCast", check), True)
     return run
 
 
-@kernel("CastThenPow2Scale")
-def _cast_then_pow2scale(attrs, ins, outs):
+@kernel("CastThenPow2Scale", settings=True)
+def _cast_then_pow2scale(attrs, ins, outs, env=None):
     dec = decoder(ins[0])
     out = np_dtype(outs[0])
+    check = checks_scale(env)
 
     def run(codes, s):
         v = dec(codes)
-        k = runtime_scale(s, "CastThenPow2Scale")
+        k = runtime_scale(s, "CastThenPow2Scale", check)
         if k:
             v *= np.float32(2.0 ** k)        # exact: float8 values times 2^k stay normal
         return v.astype(out, copy=False)
     return run
 
 
-def pow2scaled(fn: Callable, ins, outs, op_type: str) -> Callable:
+def pow2scaled(fn: Callable, ins, outs, op_type: str, env) -> Callable:
     """Kernel for a float8 (a, b, log2_scale) op: `fn` on the exact float32 values of a and b,
     times 2^log2_scale in float32, rounded once to the output dtype."""
+    check = checks_scale(env)
     dec_a, dec_b = decoder(ins[0]), decoder(ins[1])
     out = np_dtype(outs[0])
 
     def run(a, b, s):
         y = fn(dec_a(a), dec_b(b))
-        k = runtime_scale(s, op_type)
+        k = runtime_scale(s, op_type, check)
         if k:
             # as ldexp: exact unless float32 underflow, far below the float16 output's range
             y *= np.float32(2.0 ** k)

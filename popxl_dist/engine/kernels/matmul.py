@@ -8,10 +8,10 @@ from ._util import F16, F32, cast, cast_into, np_dtype, scratch, to_f16, without
 from .registry import kernel
 
 
-@kernel("MatMul", writes_out=True)
-def _matmul(attrs, ins, outs):
+@kernel("MatMul", writes_out=True, settings=True)
+def _matmul(attrs, ins, outs, env=None):
     if len(ins) == 3:
-        return without_out(_matmul_pow2scaled(ins, outs))
+        return without_out(_matmul_pow2scaled(ins, outs, env))
     out = np_dtype(outs[0])
     a_dt, b_dt = np_dtype(ins[0]), np_dtype(ins[1])
     if a_dt == F16 or b_dt == F16 or out == F16:
@@ -59,9 +59,9 @@ def _operand_f32(a: np.ndarray, tag: str, gemm: bool) -> np.ndarray:
     return as_f32(a, tag)
 
 
-def _matmul_pow2scaled(ins, outs):
+def _matmul_pow2scaled(ins, outs, env):
     """float8 (lhs, rhs, log2_scale): np.matmul of the decoded values in float32, scaled by
     2^log2_scale, rounded once to the output dtype (float16)."""
     from .float8 import pow2scaled
 
-    return pow2scaled(np.matmul, ins, outs, "MatMul")
+    return pow2scaled(np.matmul, ins, outs, "MatMul", env)

@@ -43,6 +43,7 @@ class KernelSpec:
     returns_input: bool = True   # a modifying op's output 0 is its (modified) input 0
     writes_out: bool = False     # fn(*arrays, out=...) writes into preallocated outputs
     inplace: Union[bool, Tuple[int, ...]] = False   # out may be (these) inputs' own buffer
+    settings: bool = False       # the factory also takes the CompileEnv (the Session's options)
 
     def modified_inputs(self, op) -> Tuple[int, ...]:
         m = self.modifies(op.attrs, len(op.inputs)) if callable(self.modifies) else self.modifies
@@ -73,7 +74,7 @@ def spec_of(op) -> "KernelSpec | None":
 def kernel(op_type: str, *, modifies: Union[Tuple[int, ...], Callable] = (), view: bool = False,
            alias: bool = False, context: bool = False, collective: bool = False,
            external: bool = False, returns_input: bool = True, writes_out: bool = False,
-           inplace: Union[bool, Tuple[int, ...]] = False):
+           inplace: Union[bool, Tuple[int, ...]] = False, settings: bool = False):
     """Register the decorated factory as the kernel of `op_type` (duplicates are refused)."""
     if inplace and not writes_out:
         raise ValueError(f"kernel '{op_type}': inplace=True needs writes_out=True")
@@ -84,7 +85,7 @@ def kernel(op_type: str, *, modifies: Union[Tuple[int, ...], Callable] = (), vie
         KERNELS[op_type] = KernelSpec(op_type, factory,
                                       modifies if callable(modifies) else tuple(modifies), view,
                                       alias, context, collective, external, returns_input,
-                                      writes_out, inplace)
+                                      writes_out, inplace, settings)
         return factory
 
     return deco

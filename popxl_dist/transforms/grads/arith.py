@@ -24,6 +24,8 @@ def _add_grad(g, dys) -> Grads:
 @grad_rule("Sub")
 def _sub_grad(g, dys) -> Grads:
     dy, = dys
+    if g.needs(1):      # upstream's SubtractArg1GradOp takes both arguments and the output
+        g.consumes(ins=(0, 1), outs=(0,))
     return [g.unbroadcast(dy, g.in_info(0).shape) if g.needs(0) else None,
             g.unbroadcast(ops.negate(dy), g.in_info(1).shape) if g.needs(1) else None]
 
@@ -31,6 +33,7 @@ def _sub_grad(g, dys) -> Grads:
 @grad_rule("Mul")
 def _mul_grad(g, dys) -> Grads:
     dy, = dys
+    g.consumes(ins=(0, 1), outs=(0,))    # as upstream's MulArg0/1GradOp
     return [g.unbroadcast(ops.mul(dy, g.fwd_in(1)), g.in_info(0).shape) if g.needs(0) else None,
             g.unbroadcast(ops.mul(dy, g.fwd_in(0)), g.in_info(1).shape) if g.needs(1) else None]
 
@@ -38,6 +41,7 @@ def _mul_grad(g, dys) -> Grads:
 @grad_rule("Div")
 def _div_grad(g, dys) -> Grads:
     dy, = dys
+    g.consumes(ins=(0, 1), outs=(0,))    # as upstream's DivArg0/1GradOp
     b = g.fwd_in(1)
     da = g.unbroadcast(ops.div(dy, b), g.in_info(0).shape) if g.needs(0) else None
     db = None

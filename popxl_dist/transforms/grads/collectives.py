@@ -53,8 +53,9 @@ def _all_gather_grad(g, dys) -> Grads:
     info = g.in_info(0)
     group = _group(g)
     mode, k = g.attrs["mode"], g.attrs["group_size"]
-    if mode == "concat":
-        return [replicated_slice(dy, g.attrs["axis"], group)]
+    if mode == "concat":     # (a slice of size 1 drops its axis: back to the input's shape)
+        dx = replicated_slice(dy, g.attrs["axis"], group)
+        return [ops.reshape(dx, info.shape) if dx.shape != info.shape else dx]
     if mode == "new_axis":
         return [ops.reshape(replicated_slice(dy, 0, group), info.shape)]
     # meta_shape: this replica's shard of the (zero-padded) flat gradient.

@@ -59,6 +59,7 @@ def _conv_transpose_grad(g, dys) -> Grads:
 
 @grad_rule("AveragePool", "MaxPool")
 def _pool_grad(g, dys) -> Grads:
+    g.consumes(outs=(0,))                # upstream's pool grad ops take the pooled output too
     x = g.fwd_in(0)
     return [grad_op(f"{g.op.type}Grad", [dys[0], x], x, dict(g.attrs))]
 

@@ -80,8 +80,10 @@ def _gelu_erf_grad(g, dys) -> Grads:
 
 @grad_rule("Swish")
 def _swish_grad(g, dys) -> Grads:
+    # Upstream's SwishGradOp takes x alone: swish(x) is recomputed from it (the same kernel,
+    # the same bits as the forward output) rather than stashed.
     x = g.fwd_in(0)
-    return [grad_op("SwishGrad", [dys[0], x, g.fwd_out(0)], x)]
+    return [grad_op("SwishGrad", [dys[0], x, ops.swish(x)], x)]
 
 
 @grad_rule("Ceil", "Floor", "Sign")
@@ -112,6 +114,8 @@ def _pow_grad(g, dys) -> Grads:
 @grad_rule("Fmod")
 def _fmod_grad(g, dys) -> Grads:
     dy, = dys
+    if g.needs(0):      # as upstream's FmodArg0GradOp
+        g.consumes(ins=(0, 1), outs=(0,))
     da = g.unbroadcast(dy, g.in_info(0).shape) if g.needs(0) else None
     db = None
     if g.needs(1):

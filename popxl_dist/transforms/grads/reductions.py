@@ -78,6 +78,7 @@ def _topk_grad(g, dys) -> Grads:
 
 @grad_rule("CumSum")
 def _cumsum_grad(g, dys) -> Grads:
+    g.consumes(ins=(0,))                 # upstream's CumSumGradOp takes x
     return [grad_op("CumSumGrad", [dys[0]], g.in_info(0),
                     {"axis": g.attrs["axis"], "reverse": not g.attrs.get("reverse", False)})]
 

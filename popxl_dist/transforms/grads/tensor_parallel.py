@@ -28,7 +28,7 @@ def _all_reduce_tp_grad(g, dys) -> Grads:
     if a["op"] not in ("add", "mean"):
         raise NotImplementedError(f"autodiff: the grad of {g.op.describe()} is only defined for "
                                   f"ops 'add' and 'mean', got {a['op']!r}")
-    group = g.fwd_in(0).ir.replica_grouping(a["stride"], a["group_size"])
+    group = dys[0].ir.replica_grouping(a["stride"], a["group_size"])   # (no stash: as upstream)
     return [replicated_all_reduce_identical(
         f"{g.op.name.rsplit('/', 1)[-1]}_grad", g.op.type, dys[0], a["op"], group,
         a["identical_grad_inputs"], a["identical_inputs"])]

@@ -147,13 +147,14 @@ def test_rotary_pos_embed_errors():
 
 # --- group quantisation -----------------------------------------------------------------------
 def _decompress_ref(packed, scale, bias, dim):
-    """Element by element: value j of group g is nibble j % 4 of word j // 4."""
+    """Element by element: value j of group g is nibble j % 4 of word j // 4, counted from the
+    highest nibble (upstream's packing: `codes @ [4096, 256, 16, 1]`)."""
     lead = packed.shape[:-2]
     G, W = packed.shape[-2:]
     out = np.zeros(lead + (G * W * 4,), np.float32)
     for idx in np.ndindex(lead + (G, W * 4)):
         *rest, g, j = idx
-        code = (int(packed[(*rest, g, j // 4)]) >> (4 * (j % 4))) & 15
+        code = (int(packed[(*rest, g, j // 4)]) >> (4 * (3 - j % 4))) & 15
         out[(*rest, g * W * 4 + j)] = code * np.float32(scale[(*rest, g, 0)]) + np.float32(
             bias[(*rest, g, 0)])
     return np.moveaxis(out.astype(scale.dtype), -1, dim)
@@ -176,6 +177,22 @@ def test_group_quantize_round_trip_and_kernel(dim, group):
     out, = run_ops(lambda t, s, b: group_quantize_decompress(t, s, b, dim), packed, scale, bias)
     assert out.dtype == np.float16 and out.shape == w.shape
     np.testing.assert_array_equal(out, ref)
+
+
+def test_group_quantize_packs_as_upstream_and_refuses_non_finite_data():
+    """upstream's layout: the four codes of a word, first in the highest nibble."""
+    codes = np.array([[1, 2, 3, 4, 5, 6, 7, 8]], np.uint16)
+    w = codes.astype(np.float32)                    # scale 7/15 ... values as codes with
+    w[0, 0], w[0, -1] = 0.0, 15.0                   # min 0, max 15: scale 1, bias 0
+    packed, scale, bias = group_quantize_compress_numpy(w, 8, -1)
+    assert scale[0, 0, 0] == 1 and bias[0, 0, 0] == 0
+    want = (np.array([0, 2, 3, 4, 5, 6, 7, 15]).reshape(2, 4)
+            @ np.array([4096, 256, 16, 1])).astype(np.uint16)
+    np.testing.assert_array_equal(packed[0, 0], want)
+    bad = w.copy()
+    bad[0, 3] = np.nan
+    with pytest.raises(ValueError, match="^Cannot compress t which contains non-finite values"):
+        group_quantize_compress_numpy(bad, 8, -1)
 
 
 def test_group_quantize_constant_groups_and_errors():

@@ -85,8 +85,8 @@ def test_session_needs_the_pattern_for_identical_inputs_only():
     ir, g, x = _program(lambda t: replicated_all_reduce_identical_inputs(t))
     with ir.main_graph:
         addons.host_store(ops.call(g, x)[0])
-    with pytest.raises(RuntimeError, match="OpToIdentityPattern"):
-        popxl.Session(ir, "ipu_hw")
+    with pytest.raises(popxl.errors.popart_exception, match="OpToIdentityPattern"):
+        popxl.Session(ir, "ipu_hw")        # popart's exception, as upstream (a RuntimeError)
     for level in ("no_patterns", "minimal"):
         apply_pre_alias_patterns(ir, level)
         with pytest.raises(RuntimeError, match=re.escape(MSG)):
@@ -171,3 +171,20 @@ def test_errors():
         g = ir.create_graph(lambda t: replicated_all_reduce(t, "max"), x.spec)
         with pytest.raises(NotImplementedError, match="'add' and 'mean'"):
             addons.autodiff(g)
+
+
+@pytest.mark.parametrize("build", [
+    lambda x, ir: replicated_all_reduce_identical_inputs(x),
+    lambda x, ir: replicated_all_reduce_identical_grad_inputs(x),
+    lambda x, ir: replicated_all_reduce_strided(x, group=ir.replica_grouping(2, 2)),
+])
+def test_gradient_graphs_take_the_gradient_alone(build):
+    """As upstream's grad ops, the gradient of these all-reduces needs no forward tensor: the
+    gradient graph has one input (upstream's tests call it with the gradient alone)."""
+    ir = popxl.Ir(replication=4)
+    with ir.main_graph:
+        x = ops.host_load(popxl.h2d_stream((2, 3), popxl.float32, "x"), "x")
+        g = ir.create_graph(lambda t: build(t, ir), x)
+    info = popxl.transforms.autodiff(g)
+    assert [e.connection_type.name for e in info.expected_inputs] == ["FwdGrad"]
+    assert len(info.graph.inputs) == 1

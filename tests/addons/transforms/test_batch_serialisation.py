@@ -328,7 +328,8 @@ def _seeded_fwd_and_grad(scheme: str, steps: int, io_mode: str = "compute",
         weights = facts.init()
         accums = dfacts.init()
         seed = popxl.variable(popxl.create_seeds(5), popxl.uint32, "seed")
-        (y_t,), dy_t, (dx_t,) = fwd.graph.outputs, bwd.graph.inputs[0], bwd.graph.outputs
+        # outputs[0]: y (the others: activations autodiff stashed, as upstream)
+        y_t, dy_t, (dx_t,) = fwd.graph.outputs[0], bwd.graph.inputs[0], bwd.graph.outputs
         if scheme == "serialised":
             if recompute:
                 bwd = addons.recompute_graph(bwd)

@@ -113,7 +113,7 @@ def test_stream_in_two_stages_raises():
         with addons.pipelined_execution(4) as p:
             with p.stage(0):
                 x = ops.host_load(s).copy_to_ipu(1)
-            with p.stage(1):
+            with p.stage(1), popxl.ipu(1):
                 x + ops.host_load(s)
     with pytest.raises(ValueError, match="used by stages 0 and 1"):
         _tiny(4, body)

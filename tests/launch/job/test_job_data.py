@@ -123,3 +123,45 @@ def test_save_resume_continues_the_same_order(tmp_path, stop):
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="saved for 50 images in batches of 16"):
         _loader(batch=8).resume(str(tmp_path / "dl.bin"))
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"position": 10**6}, r"epoch 0, position 1000000 is no place in the data \(an epoch >= 0 "
+                          r"and a position from 0 to 3, the steps of an epoch\)"),
+    ({"position": -1}, r"epoch 0, position -1 is no place in the data"),
+    ({"position": 1.5}, r"epoch 0, position 1.5 is no place in the data"),
+    ({"epoch": -2}, r"epoch -2, position 1 is no place in the data"),
+    ({"rng_state_at_epoch_start": {"bit_generator": "PCG64"}},
+     r"rng_state_at_epoch_start is not the state of a PCG64 generator"),
+])
+def test_resume_refuses_a_corrupt_position_naming_the_file(tmp_path, change, why):
+    """A saved position outside the data (by hand, or a corrupt file) is refused naming the
+    file, before the loader changes (it would otherwise fail later reshaping an empty batch)."""
+    import json
+
+    a = _loader()
+    next(a)
+    path = tmp_path / "dataloader.bin"
+    a.save(str(path))
+    state = json.loads(path.read_text())
+    state.update(change)
+    path.write_text(json.dumps(state))
+    b = _loader()
+    with pytest.raises(ValueError, match=rf"^{path}: {why}"):
+        b.resume(str(path))
+    assert (b.epoch, b.position) == (0, 0)
+    np.testing.assert_array_equal(next(b)[1], next(_loader())[1])
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "{}", '{"steps": "3"}', '{"steps": -1}'])
+def test_a_session_info_without_a_step_count_is_named(tmp_path, content):
+    from popxl_launch.job.loop import _check_session_info
+
+    path = tmp_path / "session_info.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=rf"^{path} does not hold the job's session state \(a "
+                                         rf"JSON object with \"steps\": a count of steps\), "
+                                         rf"got "):
+        _check_session_info(path)
+    path.write_text('{"steps": 3}')
+    _check_session_info(path)

@@ -140,8 +140,12 @@ def test_errors():
             C.all_reduce([a, b], ipus=[0, 1])
         with pytest.raises(ValueError, match="2 tensors but 3 ipus"):
             C.all_reduce([a, c], ipus=[0, 1, 2])
+        with pytest.raises(ValueError, match="Could not automatically infer the IPU of all "
+                                             "input Tensors `ts`"):
+            C.all_reduce([a, c])                 # variables nothing consumes: no IPU (upstream)
+        a1, c1 = a + 0, c + 0
         with pytest.raises(ValueError, match="different IPU"):
-            C.all_reduce([a, c])                 # both on IPU 0
+            C.all_reduce([a1, c1])               # both on IPU 0
         with pytest.raises(ValueError, match="valid ops are"):
             C.all_reduce([a, c], ipus=[0, 1], op="local")
         with pytest.raises(TypeError, match="'ipus' must be a list"):

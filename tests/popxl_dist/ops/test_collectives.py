@@ -265,9 +265,42 @@ def test_replicated_slice(R, s, k):
     stride, size = (1, R) if s is None else (s, k)
     for r in range(R):
         i = members(r, stride, size).index(r)
+        if size == 8:        # parts of one row: the axis dropped, as upstream
+            assert_close(outs["a0"][r], ins["x"][r][i], "axis 0")
+            assert_close(outs["a1"][r], np.moveaxis(ins["x"][r][:, i], 0, 1), "axis 1")
+            continue
         assert_close(outs["a0"][r], np.split(ins["x"][r], size, axis=0)[i], "axis 0")
         assert_close(outs["a1"][r], np.split(ins["x"][r], size, axis=1)[i], "axis 1")
         assert_close(outs["a-1"][r], np.split(ins["i"][r], size, axis=-1)[i], "axis -1")
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_replicated_slice_of_size_one_drops_the_axis_as_upstream(axis):
+    """A part of size 1 (the axis as long as the group): upstream drops the axis; for axis > 0
+    its rearrangement then moves the remaining first dimension to `axis`."""
+    R = 4
+    shape = [3, 5, 2]
+    shape[axis] = R
+    ins = {"x": data(R, tuple(shape), F32, 9)}
+    outs = run_replicated(R, lambda ir, ts: {"y": C.replicated_slice(ts["x"], axis)}, ins)
+    for r in range(R):
+        want = np.take(ins["x"][r], r, axis=axis)          # the axis dropped
+        if axis:                                           # dim 0 moved to `axis` (clamped)
+            want = np.moveaxis(want, 0, min(axis, want.ndim - 1))
+        assert outs["y"][r].shape == want.shape
+        assert_close(outs["y"][r], want, f"replica {r}")
+
+
+def test_all_gather_of_single_rows_differentiates_to_the_rows_shape():
+    """The gradient of a concat all-gather whose inputs have one row (its slice drops the
+    axis) comes back in the input's shape."""
+    R = 4
+    x = data(R, (1, 3), F32, 10)
+    dy = data(R, (R, 3), F32, 11)
+    y, dx, _ = run_grad(R, lambda ir, t: C.replicated_all_gather(t, 0, None, "concat"), x, dy)
+    for r in range(R):
+        assert_close(y[r], np.concatenate([x[m] for m in range(R)]), "y")
+        assert_close(dx[r], dy[r][r:r + 1], f"dx replica {r}")
 
 
 # --- gradients -----------------------------------------------------------------------------
@@ -559,7 +592,7 @@ def test_replicated_slice_not_divisible(ir4):
         C.replicated_slice(x, 0)                  # 6 rows over 4 replicas
     with pytest.raises(ValueError, match="out of range"):
         C.replicated_slice(x, 2)
-    assert C.replicated_slice(x, 1).shape == (6, 1)
+    assert C.replicated_slice(x, 1).shape == (6,)            # a part of size 1: axis dropped
     assert C.replicated_slice(x, 0, ir4.replica_grouping(2, 2)).shape == (3, 4)
 
 

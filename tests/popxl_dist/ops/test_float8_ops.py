@@ -187,6 +187,45 @@ def test_runtime_log2_scale_out_of_range_names_the_op():
         run_ops(lambda p, k: ops.matmul_pow2scaled(p, p, k), a, scale(40))
 
 
+@pytest.mark.parametrize("op", ["matmul", "cast_to", "cast_from", "conv"])
+@pytest.mark.parametrize("k", [-50, 100])
+def test_throw_if_log2_scale_tensor_not_in_range_option(op, k):
+    """SessionOptions.throwIfLog2ScaleTensorNotInRange (upstream's default: on): a run-time
+    log2 scale outside [-32, 32) is a Poplar application runtime error, caught as upstream's
+    `popart.poplar_application_runtime_error`; with the option off the op runs (undefined
+    upstream), scaling by 2^k like in range: the cast to float8 of 1.0 by 2^-50 is 0."""
+    import popart
+
+    ir = popxl.Ir()
+    ir._pb_ir.getSessionOptions().throwIfLog2ScaleTensorNotInRange = True
+    ones8 = fp8_array(np.ones((1, 1, 2, 2)), popxl.float8_143)
+    with ir.main_graph:
+        kv = popxl.variable(np.int32(k), popxl.int32, name="k")
+        x8 = popxl.variable(ones8, popxl.float8_143, name="x8")
+        f = popxl.variable(np.ones((1, 1, 2, 2), np.float32), name="f")
+        y = {"matmul": lambda: ops.matmul_pow2scaled(x8, x8, kv),
+             "cast_to": lambda: ops.pow2scale_cast_from_fp8(
+                 ops.pow2scale_cast_to_fp8(f, kv, popxl.float8_143), 0, popxl.float32),
+             "cast_from": lambda: ops.pow2scale_cast_from_fp8(x8, kv, popxl.float32),
+             "conv": lambda: ops.conv_pow2scaled(x8, x8, kv)}[op]()
+        out = popxl.d2h_stream(y.shape, y.dtype, "out")
+        ops.host_store(out, y)
+    with popxl.Session(ir, "ipu_model") as sess:
+        with pytest.raises(popart.poplar_application_runtime_error,
+                           match=rf"log2_scale must lie in \[-32, 32\), got {k} "
+                                 rf"\(SessionOptions.throwIfLog2ScaleTensorNotInRange\)"):
+            sess.run()
+    ir._pb_ir.getSessionOptions().throwIfLog2ScaleTensorNotInRange = False
+    with popxl.Session(ir, "ipu_model") as sess:
+        got = sess.run()[out]
+    base = {"matmul": 2.0, "cast_to": 1.0, "cast_from": 1.0, "conv": 4.0}[op]
+    with np.errstate(over="ignore"):     # rounded once to the output dtype (matmul, conv: f16)
+        want = (np.float32(base) * np.float32(2.0 ** k)).astype(got.dtype)
+    if op == "cast_to":                  # through float8: 2^100 -> NaN, 2^-50 -> 0
+        want = np.float32(np.nan if k > 0 else 0.0)
+    np.testing.assert_array_equal(got.reshape(-1)[0], want)
+
+
 @pytest.mark.parametrize("build,err,match", [
     (lambda f, x8, i: ops.pow2scale_cast_to_fp8(i, 0, popxl.float8_143), TypeError,
      "float16 or float32"),

@@ -81,6 +81,24 @@ def test_integer_array_key_gathers(key):
     assert got == ["Gather"]
 
 
+def test_nested_list_keys_are_host_index_data_as_upstream():
+    """Nested lists index as the array they make (upstream: a constant of them): ints gather,
+    bools mask (broadcast); a ragged list is refused."""
+    out, = run_ops(lambda t: t[[[0, 1], [1, 1]]], X)
+    np.testing.assert_array_equal(out, X[np.array([[0, 1], [1, 1]])])
+    assert out.shape == (2, 2, 5, 6)
+    y = RNG.normal(size=(4, 2)).astype(np.float32)
+    full = [[True, False], [True, False], [False, True], [True, True]]
+    rows = [[True], [True], [False], [True]]
+    out, out_b = run_ops(lambda t: (t[full], t[rows]), y)
+    np.testing.assert_array_equal(out, np.where(np.array(full), y, 0))
+    np.testing.assert_array_equal(out_b, np.where(np.array(rows), y, 0))
+    with popxl.Ir().main_graph:
+        t = popxl.variable(X, name="t")
+        with pytest.raises(TypeError, match=r"unsupported key \[\[0, 1\], \[1\]\]"):
+            t[[[0, 1], [1]]]
+
+
 def test_integer_tensor_key_gathers():
     idx = np.array([[0, 2], [3, 3]], np.int32)
     out, = run_ops(lambda t, i: t[i], X, idx)

@@ -14,11 +14,21 @@ F16, F32, F64 = np.float16, np.float32, np.float64
 
 
 # --- interpolate --------------------------------------------------------------------------
-def resize_ref(x, scales, mode, nearest_mode, ctm):
-    """ONNX Resize element by element (edge-clamped neighbours, cubic A = -0.75)."""
+def resize_ref(x, scales, mode, nearest_mode, ctm, coord_dtype=float):
+    """ONNX Resize element by element (edge-clamped neighbours, cubic A = -0.75); source
+    coordinates and their fractions computed in `coord_dtype` (np.float32: as the IPU and
+    PyTorch do for float16/32 data), the weights in float64."""
     out_shape = tuple(int(math.floor(d * s)) for d, s in zip(x.shape, scales))
+    f = coord_dtype
 
     def coord(o, size, out, s):
+        if f is not float:
+            o, size, out, s = f(o), f(size), f(out), f(s)
+            if ctm in ("half_pixel", "pytorch_half_pixel"):
+                return (o + f(0.5)) / s - f(0.5) if ctm == "half_pixel" or out > 1 else f(0)
+            if ctm == "align_corners":
+                return o * (size - f(1)) / (out - f(1)) if out > 1 else f(0)
+            return o / s if ctm == "asymmetric" else (o + f(0.5)) / s
         if ctm == "half_pixel":
             return (o + 0.5) / s - 0.5
         if ctm == "pytorch_half_pixel":
@@ -31,7 +41,7 @@ def resize_ref(x, scales, mode, nearest_mode, ctm):
 
     def taps(xo, size):
         i0 = math.floor(xo)
-        r = xo - i0
+        r = float(xo - (f(i0) if f is not float else i0))    # weights: in float64
         if mode == "nearest":
             pick = {"round_prefer_floor": i0 + (r > 0.5), "round_prefer_ceil": i0 + (r >= 0.5),
                     "floor": i0, "ceil": math.ceil(xo)}[nearest_mode]
@@ -82,6 +92,20 @@ def test_interpolate_matches_onnx_reference(mode, nearest_mode, ctm, scales):
     want = resize_ref(x, scales, mode, nearest_mode, ctm)
     assert y.shape == want.shape
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode,nearest_mode,ctm,scales", RESIZES)
+def test_float32_interpolation_is_the_exact_result_rounded_once(mode, nearest_mode, ctm,
+                                                                scales):
+    """float32 data: float32 source coordinates (as the IPU and PyTorch), weights and sums in
+    float64, rounded once (upstream tests it against PyTorch's float32 interpolate and ONNX's
+    reference to 1e-7)."""
+    x = np.random.default_rng(4).random((1, 3, 5, 5)).astype(np.float32)
+    y, = run_ops(lambda t: ops.interpolate(t, scales, mode, nearest_mode, ctm), x)
+    exact = resize_ref(x.astype(np.float64), scales, mode, nearest_mode, ctm, np.float32)
+    assert y.dtype == np.float32 and y.shape == exact.shape
+    half_ulp = np.spacing(np.abs(y)).astype(np.float64) / 2
+    assert (np.abs(y - exact) <= half_ulp * (1 + 1e-6)).all()   # float64 sum order aside
 
 
 def torch_interpolation_matrix(n_in, scale_factor, mode, align_corners):

@@ -143,3 +143,20 @@ def test_identity_matches_numpy_and_passes_the_gradient(dtype):
 def test_cast_truncates_toward_zero():
     out, = run_ops(lambda a: ops.cast(a, popxl.int32), np.array([-1.7, 1.7, 2.5], np.float32))
     np.testing.assert_array_equal(out, [-1, 1, 2])
+
+
+def test_call_with_an_input_of_another_shape_or_dtype_is_popart_s_setup_error():
+    """As upstream (its CallOp setup): a popart_exception, also a ValueError."""
+    import popart
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.float32(1), name="a")
+        g = ir.create_graph(lambda x: x + 1, a)
+        for bad in (popxl.variable(np.float16(1), name="b"),
+                    popxl.variable(np.ones(2, np.float32), name="c")):
+            with pytest.raises(popart.popart_exception, match=r"^call: input 0 of graph .* "
+                                                              r"\('x'\) expects \(\) float32, got"):
+                ops.call(g, bad)
+            with pytest.raises(ValueError):
+                ops.call(g, bad)

@@ -373,8 +373,6 @@ ERRORS = [
      r"dynamic_slice: 'index' .* must have shape \(1,\)"),
     (lambda t: ops.dynamic_slice(t, _const(np.uint32([0])), [1], [4], False), ValueError,
      r"size 4 for axis 1 .* must be in \[1, 3\]"),
-    (lambda t: ops.dynamic_update(t, _const(np.uint32([0])), t, [1], [1], False), ValueError,
-     "expected the window shape"),
     (lambda t: ops.onehot(_const(np.int32([0])), ops.cast(t, popxl.int32),
                           _const(np.float32([0, 1])), 0), ValueError,
      "num_classes' .* must be a popxl.constant"),
@@ -530,3 +528,56 @@ def test_views_forward_matches_numpy(name, fn, ref, shapes, dtype):
 @pytest.mark.parametrize("name,fn,ref,shapes", VIEWS, ids=[r[0] for r in VIEWS])
 def test_views_gradients_match_finite_differences(name, fn, ref, shapes):
     check_grads(fn, ref, shapes, positive=POSITIVE.get(name, ()))
+
+
+def test_concat_and_split_shape_errors_are_popart_setup_errors():
+    """As upstream (the ops' C++ setup): popart_exception, also ValueError."""
+    import popart
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.zeros((2, 4), np.float32), name="a")
+        b = popxl.variable(np.zeros((3,), np.float32), name="b")
+        t = popxl.variable(np.zeros((5, 2), np.float32), name="t")
+        with pytest.raises(popart.popart_exception, match="shapes must match except on axis 0"):
+            ops.concat((a, b))
+        with pytest.raises(popart.popart_exception, match=r"sizes \[1, 2\] must be >= 0 and sum"):
+            ops.split(t, [1, 2])
+        with pytest.raises(ValueError):
+            ops.split(t, [1, 2])
+
+
+def test_ipu_none_leaves_ops_unplaced_as_upstream():
+    from popxl.errors import UndefinedValue
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.float32(1), name="a")
+        with popxl.ipu(None):
+            b = a + 1.0
+        with pytest.raises(UndefinedValue):
+            b.ipu
+        with pytest.raises(ValueError, match="^Could not infer the ipu for Tensor to be copied"):
+            ops.ipu_copy(b, 1)
+        with pytest.raises(ValueError, match="non-negative int or None"):
+            with popxl.ipu(-1):
+                pass
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_dynamic_update_of_another_shape_builds_and_the_session_refuses_it(inplace):
+    """As upstream, dynamic_update(_) builds with a t_update not of the window's shape; the
+    Session refuses it, naming the op and the window shape."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(np.ones((3, 5, 7), np.float32), name="t")
+        idx = popxl.variable(np.array([1, 2], np.uint32), name="idx")
+        u = popxl.variable(np.ones((1, 3), np.float32), name="u")
+        fn = ops.dynamic_update_ if inplace else ops.dynamic_update
+        out = fn(t, idx, u, [0, 2], [1, 3], True)
+    assert out.shape == (3, 5, 7)
+    with pytest.raises(ValueError, match=r"^Session: DynamicUpdate(Inplace)?\.\d+ .*'t_update' "
+                                         r"'u' has shape \(1, 3\), expected the window shape "
+                                         r"\(1, 5, 3\) \(the op builds, as upstream, but "
+                                         r"cannot compile\)$"):
+        popxl.Session(ir, "cpu")

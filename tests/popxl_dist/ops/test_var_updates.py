@@ -237,7 +237,6 @@ def test_var_updates_are_not_differentiable():
      "^Weight decay requires weight to not be None"),
     (lambda t, X, i: vu.adam_updater(t, X, time_step=i), ValueError, "beta1"),
     (lambda t, X, i: vu.adamax_updater(t, X), ValueError, "time_step"),
-    (lambda t, X, i: vu.sparse_accumulate_(t, X, i), ValueError, "must have shape"),
 ])
 def test_builder_errors(build, err, match):
     ir = popxl.Ir()
@@ -247,6 +246,27 @@ def test_builder_errors(build, err, match):
         i = popxl.variable(np.zeros((4,)), popxl.int32, "i")
         with pytest.raises(err, match=match):
             build(t, X, i)
+
+
+@pytest.mark.parametrize("axis,x_shape,why", [
+    (0, (2, 3), r"'X' 'X' must have shape \(4, 3\) \(t \(2, 3\) with axis 0 replaced by "
+                r"indices \(4,\)\), got \(2, 3\)"),
+    (2, (2, 4), r"axis 2 is out of range for 't' 't' \(2, 3\)"),
+])
+def test_sparse_accumulate_setups_upstream_builds_are_refused_by_the_session(axis, x_shape,
+                                                                             why):
+    """As upstream, sparse_accumulate_ builds with an axis out of range or an X not shaped
+    like the gather; the Session refuses it, naming the op (its axis is kept as given)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(np.zeros((2, 3)), popxl.float32, "t")
+        X = popxl.variable(np.zeros(x_shape), popxl.float32, "X")
+        i = popxl.variable(np.zeros((4,)), popxl.int32, "i")
+        vu.sparse_accumulate_(t, X, i, axis=axis)
+    assert ir.main_graph._pb_graph.getOps()[0].getAxis() == axis
+    with pytest.raises(ValueError, match=rf"^Session: SparseAccumulate\.\d+ .*: {why} \(the op "
+                                         rf"builds, as upstream, but cannot compile\)$"):
+        popxl.Session(ir, "cpu")
 
 
 # --- integer accumulators (upstream accepts them: e.g. accumulate_(int32, int32 variable)) ----

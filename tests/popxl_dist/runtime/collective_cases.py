@@ -143,10 +143,17 @@ CASES: list[Case] = [
      lambda ts, g: C.replicated_all_gather(ts["u32"], 0, g, "new_axis"),
      lambda ins, r, mem, i: ins["u32"][mem]),
     ("replicated_slice[axis0,f32]", lambda ts, g: C.replicated_slice(ts["sq"], 0, g),
-     lambda ins, r, mem, i: np.split(ins["sq"][r], len(mem), 0)[i]),
+     lambda ins, r, mem, i: _slice_ref(ins["sq"][r], len(mem), 0, i)),
     ("replicated_slice[axis1,f32]", lambda ts, g: C.replicated_slice(ts["sq"], 1, g),
-     lambda ins, r, mem, i: np.split(ins["sq"][r], len(mem), 1)[i]),
+     lambda ins, r, mem, i: _slice_ref(ins["sq"][r], len(mem), 1, i)),
 ]
+
+
+def _slice_ref(a: np.ndarray, k: int, axis: int, i: int) -> np.ndarray:
+    """Part i of k of `a` along `axis`; a part of size 1 drops the axis (upstream's rule; for
+    2-D data nothing moves)."""
+    part = np.split(a, k, axis)[i]
+    return np.squeeze(part, axis) if part.shape[axis] == 1 else part
 
 
 # --- gradient cases ------------------------------------------------------------------------
@@ -162,7 +169,8 @@ def _grad_ref(x, dys, r, mem, i):
     """dx of the sum of the three outputs against dys."""
     k = len(mem)
     dx = np.split(dys[0][r], k, axis=1)[i]                                # gather: own part
-    dx = dx + np.concatenate([dys[1][m] for m in mem], axis=0)            # slice: gathered
+    # slice: gathered (a part of one row has no axis 0: upstream drops a size-1 axis)
+    dx = dx + np.concatenate([dys[1][m].reshape(-1, x.shape[2]) for m in mem], axis=0)
     shards = [chunk(dys[2][m].reshape(-1), j, k) for j, m in enumerate(mem)]
     return dx + np.concatenate(shards)[:x.shape[1] * x.shape[2]].reshape(x.shape[1:])
 

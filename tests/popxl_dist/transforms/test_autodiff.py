@@ -107,3 +107,54 @@ def test_modifying_op_refused():
         g = ir.create_graph(fn, popxl.TensorSpec((2,), popxl.float32))
         with pytest.raises(RuntimeError, match="contains a modifying op"):
             transforms.autodiff(g)
+
+
+F = popxl.float32
+# op -> (builder, input specs, the forward tensors upstream's grad ops take: "inI" / "outJ")
+UPSTREAM_STASH = {
+    "mul": (lambda a, b: a * b, [(4,), (4,)], {"in0", "in1", "out0"}),
+    "div": (lambda a, b: a / b, [(4,), (4,)], {"in0", "in1", "out0"}),
+    "sub": (lambda a, b: a - b, [(4,), (4,)], {"in0", "in1", "out0"}),
+    "add": (lambda a, b: a + b, [(4,), (4,)], set()),
+    "fmod": (lambda a, b: ops.fmod(a, b), [(4,), (4,)], {"in0", "in1", "out0"}),
+    "swish": (lambda x: ops.swish(x), [(4,)], {"in0"}),
+    "cumsum": (lambda x: ops.cumsum(x, 0), [(4,)], {"in0"}),
+    "max_pool": (lambda x: ops.max_pool(x, (2, 2)), [(1, 1, 4, 4)], {"in0", "out0"}),
+    "average_pool": (lambda x: ops.average_pool(x, (2, 2)), [(1, 1, 4, 4)], {"in0", "out0"}),
+    "relu": (lambda x: ops.relu(x), [(4,)], {"out0"}),
+    "softmax": (lambda x: ops.softmax(x, -1), [(2, 4)], {"out0"}),
+    "matmul": (lambda a, b: a @ b, [(2, 3), (3, 4)], {"in0", "in1"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UPSTREAM_STASH))
+def test_the_stashed_forward_tensors_are_upstreams(name):
+    """The forward tensors a one-op graph's gradient takes are those upstream's grad ops take
+    (their gradInputInfo: e.g. MulArg0GradOp takes both arguments and the output)."""
+    fn, shapes, want = UPSTREAM_STASH[name]
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(fn, *[popxl.TensorSpec(s, F) for s in shapes])
+        op = g._data.ops[-1]
+        role = {t: f"in{i}" for i, t in enumerate(op.inputs)}
+        role.update({t: f"out{j}" for j, t in enumerate(op.outputs)})
+        info = popxl.transforms.autodiff(g)
+    got = {role[e.fwd_tensor.id] for e in info.expected_inputs
+           if e.connection_type == popxl.transforms.ExpectedConnectionType.Fwd}
+    assert got == want
+
+
+def test_the_stash_is_ordered_by_forward_tensor_id_after_the_provided_gradients():
+    """As upstream (its bwd graph marks stashed tensors as inputs in the order of a map keyed
+    by tensor id): the FwdGrad inputs in grads_provided order, then the Fwd ones by id."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        def body(x, w):
+            h = x * w
+            return ops.softmax(h * 0.5, -1)
+        g = ir.create_graph(body, popxl.TensorSpec((2, 4), F), popxl.TensorSpec((2, 4), F))
+        info = popxl.transforms.autodiff(g)
+    kinds = [e.connection_type.name for e in info.expected_inputs]
+    ids = [e.fwd_tensor.id for e in info.expected_inputs if e.connection_type.name == "Fwd"]
+    assert kinds[0] == "FwdGrad" and set(kinds[1:]) == {"Fwd"}
+    assert ids == sorted(ids) and len(ids) == 6      # x, w, x*w, the 0.5, (x*w)*0.5, softmax
