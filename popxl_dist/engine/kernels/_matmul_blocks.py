@@ -1,0 +1,219 @@
+"""np.matmul computed in output blocks on the op's threads, with the single call's bits.
+
+A matrix product is split along M (row blocks) or N (column blocks), never along K, so every
+output element is the same dot product with the same BLAS call shape for its block whichever
+thread runs it. The blocks depend on the shapes only (`plan_2d`, `plan_batched`), never on the
+thread count: 1 thread runs the same calls one after the other.
+
+Batched products (attention) split along their leading batch axis: NumPy calls BLAS once per
+batch item anyway, with the same arguments whatever the block, so the bits are the single
+call's by construction.
+
+A 2-D split keeps the single call's bits only where BLAS computes each block as it computes
+that part of the whole: OpenBLAS picks its kernel by the call's shape (a "small matrix" kernel,
+a "direct" kernel without K blocking, the general packed kernel, matrix-vector kernels), and
+those give different bits. So the first product of each shape and layout in a process is
+checked once: the planned split against the single call on random operands of the same
+layout (BLAS single-threaded: `runtime/blas.py`). A split that differs is replaced by the next
+candidate (the other axis, then two blocks), and a shape none of whose candidates match is not
+split. The verdict depends on the BLAS library and the CPU, as the bits already do, never on
+the thread count. Measured with NumPy 2.4's OpenBLAS 0.3.31 on AVX-512 (SkylakeX kernels):
+the packed kernel and the small-matrix kernel keep their bits under any split at multiples of
+64 that stays on the same kernel; the direct kernel does not (its tails differ), and matrix-vector
+calls (M or N = 1) do not.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..parallel import run_blocks
+
+__all__ = ["matmul", "plan_2d", "plan_batched", "bounds", "ALIGN", "MIN_BLOCK_MACS",
+           "MAX_BLOCKS"]
+
+ALIGN = 64                # block starts: multiples of every BLAS micro-kernel's M / N unroll
+MIN_BLOCK_MACS = 1 << 21  # ~50 us of single-threaded SGEMM here: smaller blocks cost more than
+                          # they gain
+MAX_BLOCKS = 16           # enough for 16 cores; more would re-pack operands more often
+
+Bounds = Tuple[Tuple[int, int], ...]
+Plan = Tuple[int, Bounds]          # (axis: 0 rows / 1 columns, ((lo, hi), ...))
+
+_SPLIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def bounds(n: int, k: int) -> Bounds:
+    """`k` ranges covering n, each starting at a multiple of ALIGN (the last one takes the
+    remainder); needs n >= k * ALIGN."""
+    units = n // ALIGN
+    starts = [ALIGN * (units * i // k) for i in range(k)]
+    return tuple(zip(starts, starts[1:] + [n]))
+
+
+def _count(macs: int) -> int:
+    return int(min(MAX_BLOCKS, macs // MIN_BLOCK_MACS))
+
+
+def plan_2d(m: int, k: int, n: int) -> List[Plan]:
+    """The candidate splits of an (m, k) @ (k, n) product, best first: along the longer of M
+    and N (the shorter operand is then the one BLAS re-packs per block), then the other, then
+    each with two blocks. Empty: too small to split."""
+    nb = _count(m * k * n)
+    if nb < 2:
+        return []
+    units = {0: m // ALIGN, 1: n // ALIGN}
+    dims = {0: m, 1: n}
+    order = (0, 1) if units[0] >= units[1] else (1, 0)
+    plans: List[Plan] = []
+    for blocks in (nb, 2):
+        for axis in order:
+            c = min(blocks, units[axis])
+            if c >= 2:
+                p = (axis, bounds(dims[axis], c))
+                if p not in plans:
+                    plans.append(p)
+    return plans
+
+
+def plan_batched(out_shape: Sequence[int], k: int) -> Optional[Tuple[int, Bounds]]:
+    """(axis, ranges) splitting a batched product's output along its first batch axis longer
+    than 1, or None."""
+    batch = out_shape[:-2]
+    axis = next((i for i, d in enumerate(batch) if d > 1), None)
+    if axis is None:
+        return None
+    macs = int(np.prod(out_shape, dtype=np.int64)) * k
+    nb = min(_count(macs), batch[axis])
+    if nb < 2:
+        return None
+    d = batch[axis]
+    starts = [d * i // nb for i in range(nb)]
+    return axis, tuple(zip(starts, starts[1:] + [d]))
+
+
+# --- running ---------------------------------------------------------------------------------
+def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """`np.matmul(a, b, out=out)` in blocks on the calling thread's op threads, with its bits."""
+    if a.ndim == 2 and b.ndim == 2:
+        return _matmul_2d(a, b, out)
+    if a.ndim >= 2 and b.ndim >= 2 and (a.ndim > 2 or b.ndim > 2):
+        return _matmul_batched(a, b, out)
+    return np.matmul(a, b, out=out)
+
+
+def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    m, k = a.shape
+    n = b.shape[1]
+    dt = a.dtype
+    if (dt not in _SPLIT_DTYPES or b.dtype != dt or m * k * n < 2 * MIN_BLOCK_MACS
+            or (out is not None and (out.dtype != dt or not out.flags.c_contiguous))
+            or b.shape[0] != k):
+        return np.matmul(a, b, out=out)
+    la, lb = _layout(a), _layout(b)
+    if la is None or lb is None or (a.ctypes.data == b.ctypes.data and m == n):
+        return np.matmul(a, b, out=out)         # (NumPy's own A @ A.T path, or no BLAS)
+    plan = _verified_plan((dt.char, m, k, n, la, lb))
+    if plan is None:
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((m, n), dt)
+    axis, ranges = plan
+    if axis == 0:
+        def block(i):
+            lo, hi = ranges[i]
+            np.matmul(a[lo:hi], b, out=out[lo:hi])
+    else:
+        def block(i):
+            lo, hi = ranges[i]
+            np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
+    run_blocks(len(ranges), block)
+    return out
+
+
+def _matmul_batched(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    plan = plan_batched(shape, a.shape[-1])
+    if plan is None or (out is not None and out.shape != shape):
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty(shape, np.result_type(a, b))
+    axis, ranges = plan
+    nd = len(shape)
+
+    def part(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        j = axis - (nd - x.ndim)              # the axis in x (broadcast from the left)
+        if j < 0 or x.shape[j] == 1:
+            return x
+        return x[(slice(None),) * j + (slice(lo, hi),)]
+
+    def block(i):
+        lo, hi = ranges[i]
+        np.matmul(part(a, lo, hi), part(b, lo, hi), out=out[(slice(None),) * axis
+                                                             + (slice(lo, hi),)])
+    run_blocks(len(ranges), block)
+    return out
+
+
+def _layout(x: np.ndarray) -> Optional[Tuple[str, int]]:
+    """('C', leading dimension) or ('F', leading dimension) as NumPy hands a 2-D operand to
+    BLAS (not transposed / transposed), None where NumPy does not use BLAS for it."""
+    sz = x.itemsize
+    r, c = x.shape
+    s0, s1 = x.strides
+    if s1 == sz and s0 % sz == 0 and s0 // sz >= c:
+        return "C", s0 // sz
+    if s0 == sz and s1 % sz == 0 and s1 // sz >= r:
+        return "F", s1 // sz
+    return None
+
+
+# --- the once-per-shape check ----------------------------------------------------------------
+_VERDICTS: Dict[tuple, Optional[Plan]] = {}
+_LOCK = threading.Lock()
+
+
+def _verified_plan(key: tuple) -> Optional[Plan]:
+    """The first candidate split of this product (dtype, m, k, n, layouts) that gives the single
+    call's bits on random operands, or None; decided once per process."""
+    try:
+        return _VERDICTS[key]
+    except KeyError:
+        pass
+    char, m, k, n, la, lb = key
+    plans = plan_2d(m, k, n)
+    verdict = None
+    if plans:
+        rng = np.random.default_rng(m * 1000003 + k * 1009 + n)
+        dt = np.dtype(char)
+        a = _operand(rng, m, k, la, dt)
+        b = _operand(rng, k, n, lb, dt)
+        whole = np.matmul(a, b)
+        for plan in plans:
+            if _split(a, b, plan).tobytes() == whole.tobytes():
+                verdict = plan
+                break
+    with _LOCK:
+        _VERDICTS[key] = verdict
+    return verdict
+
+
+def _operand(rng, rows: int, cols: int, layout: Tuple[str, int], dt) -> np.ndarray:
+    """A random (rows, cols) array with the given BLAS layout and leading dimension."""
+    kind, ld = layout
+    if kind == "C":
+        return rng.standard_normal((rows, ld)).astype(dt)[:, :cols]
+    return rng.standard_normal((cols, ld)).astype(dt)[:, :rows].T
+
+
+def _split(a: np.ndarray, b: np.ndarray, plan: Plan) -> np.ndarray:
+    out = np.empty((a.shape[0], b.shape[1]), a.dtype)
+    axis, ranges = plan
+    for lo, hi in ranges:
+        if axis == 0:
+            np.matmul(a[lo:hi], b, out=out[lo:hi])
+        else:
+            np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
+    return out
