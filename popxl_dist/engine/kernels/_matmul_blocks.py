@@ -1,26 +1,27 @@
 """np.matmul computed in output blocks on the op's threads, with the single call's bits.
 
 A matrix product is split along M (row blocks) or N (column blocks), never along K, so every
-output element is the same dot product with the same BLAS call shape for its block whichever
-thread runs it. The blocks depend on the shapes only (`plan_2d`, `plan_batched`), never on the
-thread count: 1 thread runs the same calls one after the other.
+output element is a dot product over the whole of K, in BLAS's order, whichever thread computes
+it.
 
-Batched products (attention) split along their leading batch axis: NumPy calls BLAS once per
-batch item anyway, with the same arguments whatever the block, so the bits are the single
-call's by construction.
+Batched products (attention) split along their first batch axis longer than 1, in blocks that
+depend on the shapes only: NumPy calls BLAS once per batch item anyway, with the same arguments
+whatever the block, so the bits are the single call's by construction.
 
-A 2-D split keeps the single call's bits only where BLAS computes each block as it computes
-that part of the whole: OpenBLAS picks its kernel by the call's shape (a "small matrix" kernel,
-a "direct" kernel without K blocking, the general packed kernel, matrix-vector kernels), and
-those give different bits. So the first product of each shape and layout in a process is
-checked once: the planned split against the single call on random operands of the same
-layout (BLAS single-threaded: `runtime/blas.py`). A split that differs is replaced by the next
-candidate (the other axis, then two blocks), and a shape none of whose candidates match is not
-split. The verdict depends on the BLAS library and the CPU, as the bits already do, never on
-the thread count. Measured with NumPy 2.4's OpenBLAS 0.3.31 on AVX-512 (SkylakeX kernels):
-the packed kernel and the small-matrix kernel keep their bits under any split at multiples of
-64 that stays on the same kernel; the direct kernel does not (its tails differ), and matrix-vector
-calls (M or N = 1) do not.
+A 2-D product is split into one block per thread (1 thread: the single call itself). Each BLAS
+call packs its operands afresh, so a split fixed by the shapes would cost a 1-thread run its
+re-packing: 8 to 16 fixed blocks measured +10-40% CPU time on the GPT benchmark's products
+(`docs/threads.md`). Instead every split is checked to give the bits of the single call: BLAS
+picks its kernel by the call's shape (OpenBLAS: a "small matrix" kernel, a "direct" kernel
+without K blocking, the packed kernel, matrix-vector kernels), and those kernels give different
+bits. The first product of each shape, layout and block count in a process is computed both
+ways on random operands of the same layout (BLAS single-threaded: `runtime/blas.py`); a split
+that differs is replaced by the next candidate (the other axis, then two blocks), and a product
+none of whose candidates match is not split. So every 2-D product gives the bits of the single
+NumPy call, with any number of threads. The verdicts depend on the BLAS library and the CPU, as
+the bits already do. Measured with NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels): the packed
+kernel and the small-matrix kernel keep their bits under any split at multiples of 64 that stays
+on the same kernel; the direct kernel's tails and matrix-vector calls (M or N = 1) do not.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..parallel import run_blocks
+from ..parallel import current_threads, run_blocks
 
 __all__ = ["matmul", "plan_2d", "plan_batched", "bounds", "ALIGN", "MIN_BLOCK_MACS",
            "MAX_BLOCKS"]
@@ -37,7 +38,7 @@ __all__ = ["matmul", "plan_2d", "plan_batched", "bounds", "ALIGN", "MIN_BLOCK_MA
 ALIGN = 64                # block starts: multiples of every BLAS micro-kernel's M / N unroll
 MIN_BLOCK_MACS = 1 << 21  # ~50 us of single-threaded SGEMM here: smaller blocks cost more than
                           # they gain
-MAX_BLOCKS = 16           # enough for 16 cores; more would re-pack operands more often
+MAX_BLOCKS = 64           # at most this many blocks of a batched product
 
 Bounds = Tuple[Tuple[int, int], ...]
 Plan = Tuple[int, Bounds]          # (axis: 0 rows / 1 columns, ((lo, hi), ...))
@@ -57,20 +58,20 @@ def _count(macs: int) -> int:
     return int(min(MAX_BLOCKS, macs // MIN_BLOCK_MACS))
 
 
-def plan_2d(m: int, k: int, n: int) -> List[Plan]:
-    """The candidate splits of an (m, k) @ (k, n) product, best first: along the longer of M
-    and N (the shorter operand is then the one BLAS re-packs per block), then the other, then
-    each with two blocks. Empty: too small to split."""
-    nb = _count(m * k * n)
+def plan_2d(m: int, k: int, n: int, blocks: int) -> List[Plan]:
+    """The candidate splits of an (m, k) @ (k, n) product into at most `blocks` blocks, best
+    first: along the longer of M and N (the shorter operand is then the one BLAS re-packs per
+    block), then the other, then each with two blocks. Empty: too small to split."""
+    nb = min(blocks, _count(m * k * n))
     if nb < 2:
         return []
     units = {0: m // ALIGN, 1: n // ALIGN}
     dims = {0: m, 1: n}
     order = (0, 1) if units[0] >= units[1] else (1, 0)
     plans: List[Plan] = []
-    for blocks in (nb, 2):
+    for count in (nb, 2):
         for axis in order:
-            c = min(blocks, units[axis])
+            c = min(count, units[axis])
             if c >= 2:
                 p = (axis, bounds(dims[axis], c))
                 if p not in plans:
@@ -108,14 +109,16 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.nd
     m, k = a.shape
     n = b.shape[1]
     dt = a.dtype
-    if (dt not in _SPLIT_DTYPES or b.dtype != dt or m * k * n < 2 * MIN_BLOCK_MACS
+    threads = current_threads()
+    if (threads < 2 or dt not in _SPLIT_DTYPES or b.dtype != dt
+            or m * k * n < 2 * MIN_BLOCK_MACS
             or (out is not None and (out.dtype != dt or not out.flags.c_contiguous))
             or b.shape[0] != k):
         return np.matmul(a, b, out=out)
     la, lb = _layout(a), _layout(b)
     if la is None or lb is None or (a.ctypes.data == b.ctypes.data and m == n):
         return np.matmul(a, b, out=out)         # (NumPy's own A @ A.T path, or no BLAS)
-    plan = _verified_plan((dt.char, m, k, n, la, lb))
+    plan = _verified_plan((dt.char, m, k, n, la, lb, threads))
     if plan is None:
         return np.matmul(a, b, out=out)
     if out is None:
@@ -176,14 +179,15 @@ _LOCK = threading.Lock()
 
 
 def _verified_plan(key: tuple) -> Optional[Plan]:
-    """The first candidate split of this product (dtype, m, k, n, layouts) that gives the single
-    call's bits on random operands, or None; decided once per process."""
+    """The first candidate split of this product (dtype, m, k, n, layouts, at most how many
+    blocks) that gives the single call's bits on random operands, or None; decided once per
+    process."""
     try:
         return _VERDICTS[key]
     except KeyError:
         pass
-    char, m, k, n, la, lb = key
-    plans = plan_2d(m, k, n)
+    char, m, k, n, la, lb, blocks = key
+    plans = plan_2d(m, k, n, blocks)
     verdict = None
     if plans:
         rng = np.random.default_rng(m * 1000003 + k * 1009 + n)
