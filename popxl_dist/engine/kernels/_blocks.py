@@ -176,6 +176,8 @@ def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object
     if ka is None or kb is None or (ka != n and kb != n):
         return None
     k = min(ka, kb) or 1           # the row length: the smaller operand repeats every k
+    if ka == kb == n and out_shape:
+        k = out_shape[-1] or 1     # neither repeats: rows of the output (blocks of rows)
     rows = n // k if k else 0
     op = _JIT_OPS.get(ufunc)
 

@@ -117,9 +117,26 @@ def _scaled_add(attrs, ins, outs):
     calc, out, coeffs = _scaled_add_fn(attrs, ins)
     same = (ins[0].shape == ins[1].shape == outs[0].shape
             and np_dtype(outs[0]) == out and calc == out and np_dtype(ins[1]) == out)
+    mixed = (not same and ins[0].shape == ins[1].shape == outs[0].shape and calc == F32
+             and all(np_dtype(t) in (F16, F32) for t in (ins[0], ins[1], outs[0])))
 
     def run(x, y, *extra, out=None):
         a, b = coeffs(extra)
+        if mixed and out is not None and out.flags.c_contiguous:
+            # float16 somewhere: a * x + b * y in float32 block by block, rounded once
+            of, xf = flat(out), flat(np.ascontiguousarray(x))
+            yf = flat(np.ascontiguousarray(y))
+            ac, bc = calc.type(a), calc.type(b)
+
+            def block16(lo: int, hi: int) -> None:
+                r = scratch("sadd_r", hi - lo)
+                np.multiply(as_f32(xf[lo:hi], "sadd_x"), ac, out=r)
+                t = scratch("sadd_t", hi - lo)
+                np.multiply(as_f32(yf[lo:hi], "sadd_y"), bc, out=t)
+                r += t
+                store(r, of[lo:hi])
+            each_range(blocks(of.size), block16)
+            return out
         if same and out is not None and out.flags.c_contiguous:
             of, xf = flat(out), flat(np.ascontiguousarray(x))
             yf = flat(np.ascontiguousarray(y))
