@@ -8,7 +8,7 @@ import pytest
 import popxl
 from popxl._ir.records import TensorInfo, TensorKind
 from popxl.engine import parallel
-from popxl.engine.kernels import _blocks, _matmul_blocks, _util, load_all
+from popxl.engine.kernels import _blocks, _matmul_blocks, load_all
 from popxl.engine.kernels.registry import KERNELS
 from popxl.runtime.blas import blas_threads
 
@@ -82,17 +82,6 @@ def run(op, attrs, ins, outs, with_out, threads):
         res = fn(*args, **kw)
     res = res if isinstance(res, tuple) else (res,)
     return [np.asarray(r).copy() for r in res] + [a for a in args if isinstance(a, np.ndarray)]
-
-
-@pytest.fixture(params=["compiled", "numpy"])
-def loops(request):
-    if request.param == "compiled":
-        pytest.importorskip("numba")
-        _util.use_compiled_converters(None)
-    else:
-        _util.use_compiled_converters(False)
-    yield request.param
-    _util.use_compiled_converters(None)
 
 
 @pytest.mark.parametrize("dt", [F32, F16], ids=["float32", "float16"])
