@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._blocks import as_f32
+from ._blocks import as_f32, store
 from ._matmul_blocks import matmul as blocked_matmul
 from ._util import F16, F32, cast, cast_into, np_dtype, scratch, to_f16, without_out
 from .registry import kernel
@@ -30,7 +30,10 @@ def _matmul(attrs, ins, outs):
             if out_dt == F32:
                 return blocked_matmul(a32, b32, out)
             r = blocked_matmul(a32, b32, scratch("mm_r", n).reshape(shape))
-            return to_f16(r, out) if out is not None else to_f16(r)
+            if out is None:
+                return to_f16(r)
+            store(r, out)                 # (a large result rounded in blocks on the op's threads)
+            return out
         out_dt = out
         if all(d in (F16, F32) for d in (a_dt, b_dt, out)):
             return run16
