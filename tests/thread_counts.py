@@ -51,6 +51,10 @@ def over_thread_counts(monkeypatch, run: Callable[[], Any],
 
     for mod in (_blocks, _matmul_blocks):
         monkeypatch.setattr(mod, "run_blocks", counting)
+    # Every product whose split keeps the bits is split, however fast its blocks (the speed
+    # criterion only decides where threads pay off; the bits are the same either way).
+    monkeypatch.setattr(_matmul_blocks, "GAIN", 1e9)
+    monkeypatch.setattr(_matmul_blocks, "_VERDICTS", {})
     for s in settings:
         for var in THREAD_VARS:
             monkeypatch.delenv(var, raising=False)

@@ -10,6 +10,8 @@ the fast converters of `_util` (never NumPy's slow float16 subnormal path).
 
 Blocks are independent, so `each_range` runs them on the op's threads (`engine/parallel.py`):
 the blocks depend on the shapes only, and a block computes the same whichever thread runs it.
+Work that is one call without threads (`shared`, `shared_rows`, the copies and column sums
+here) stays one call on one thread, with the same results.
 """
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 
-from ..parallel import run_blocks
+from ..parallel import current_threads, run_blocks
 from ._util import F16, F32, f16_into, from_f16, jit_loops, jit_view, scratch, to_f16
 
-__all__ = ["BLOCK", "elem_blocks", "row_blocks", "each_range", "as_f32", "store",
+__all__ = ["BLOCK", "elem_blocks", "row_blocks", "shared", "shared_rows", "each_range", "as_f32", "store",
            "contiguous_rows", "column_sums", "binary_blocks", "copy_into"]
 
 BLOCK = 1 << 17      # elements per block: large enough that NumPy's per-call cost is small
@@ -47,6 +49,17 @@ def row_blocks(rows: int, row_len: int, block: int = 0) -> Iterator[Tuple[int, i
     return _ranges(rows, step)
 
 
+def shared(n: int) -> Iterable[Tuple[int, int]]:
+    """Element ranges of work that is one call on one thread: (0, n) there, `elem_blocks(n)`
+    for several threads (element-wise work: the same results either way)."""
+    return ((0, n),) if current_threads() < 2 else elem_blocks(n)
+
+
+def shared_rows(rows: int, row_len: int) -> Iterable[Tuple[int, int]]:
+    """`shared` for whole rows: all of them on one thread, `row_blocks` for several."""
+    return ((0, rows),) if current_threads() < 2 else row_blocks(rows, row_len)
+
+
 def each_range(ranges: Iterable[Tuple[int, int]], body: Callable[[int, int], None]) -> None:
     """`body(lo, hi)` for every range, on the op's threads (one range: here, directly). Each
     body writes its own part of the output; scratch arrays are per thread (`_util.scratch`)."""
@@ -64,7 +77,7 @@ def as_f32(a: np.ndarray, tag: str) -> np.ndarray:
         return a
     buf = scratch(tag, a.size).reshape(a.shape)
     if a.dtype == F16:
-        if a.size > BLOCK and a.flags.c_contiguous:
+        if a.size > BLOCK and a.flags.c_contiguous and current_threads() > 1:
             fa, fb = a.reshape(-1), buf.reshape(-1)
             each_range(elem_blocks(a.size), lambda lo, hi: f16_into(fa[lo:hi], fb[lo:hi]))
         else:
@@ -78,7 +91,8 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     """`np.copyto(dst, src)` (same shapes), a large one in blocks of the leading axis on the
     op's threads."""
     n = dst.size
-    if n <= BLOCK or dst.ndim == 0 or dst.shape[0] < 2 or src.shape != dst.shape:
+    if (n <= BLOCK or dst.ndim == 0 or dst.shape[0] < 2 or src.shape != dst.shape
+            or current_threads() < 2):
         np.copyto(dst, src)
         return dst
     each_range(row_blocks(dst.shape[0], n // dst.shape[0]),
@@ -95,7 +109,7 @@ def column_sums(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     so a block of columns gets the bits it gets in the whole sum."""
     n, c = x.shape
     k = min(c // COLUMNS, (n * c) // BLOCK)
-    if k < 2:
+    if k < 2 or current_threads() < 2:
         return np.sum(x, axis=0, out=out)
     units = c // COLUMNS
     starts = [COLUMNS * (units * i // k) for i in range(k)]
@@ -110,7 +124,8 @@ def store(res: np.ndarray, out: np.ndarray) -> None:
     if res is out:
         return
     if out.dtype == F16:
-        if out.size > BLOCK and out.flags.c_contiguous and res.flags.c_contiguous:
+        if (out.size > BLOCK and out.flags.c_contiguous and res.flags.c_contiguous
+                and current_threads() > 1):
             fr, fo = res.reshape(-1), out.reshape(-1)
             each_range(elem_blocks(out.size), lambda lo, hi: to_f16(fr[lo:hi], fo[lo:hi]))
         else:
@@ -204,7 +219,7 @@ def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object
                 def block(r0: int, r1: int) -> None:
                     jit.binary_rows(op, rows_of(af, ka == n, r0, r1), rows_of(bf, kb == n, r0, r1),
                                     of[r0 * k:r1 * k], k, ka != n, kb != n)
-            each_range(row_blocks(rows, k), block)
+            each_range(shared_rows(rows, k), block)
             return res
         a2 = np.ascontiguousarray(a).reshape(-1, ka if ka != n else k) if n else a
         b2 = np.ascontiguousarray(b).reshape(-1, kb if kb != n else k) if n else b
@@ -246,7 +261,7 @@ def binary_blocks(ufunc, in_shapes, out_shape) -> object:
         return ufunc
 
     def run(*arrays, out=None):
-        if out is None or not out.flags.c_contiguous:
+        if out is None or not out.flags.c_contiguous or current_threads() < 2:
             return ufunc(*arrays, out=out)
         if same and all(x.flags.c_contiguous for x in arrays):
             flats = [x.reshape(-1) for x in arrays]

@@ -5,8 +5,9 @@ output element is a dot product over the whole of K, in BLAS's order, whichever 
 it.
 
 Batched products (attention) split along their first batch axis longer than 1, in blocks that
-depend on the shapes only: NumPy calls BLAS once per batch item anyway, with the same arguments
-whatever the block, so the bits are the single call's by construction.
+depend on the shapes only (one thread: the single call): NumPy calls BLAS once per batch item
+anyway, with the same arguments whatever the block, so the bits are the single call's by
+construction.
 
 A 2-D product is split into one block per thread (1 thread: the single call itself). Each BLAS
 call packs its operands afresh, so a split fixed by the shapes would cost a 1-thread run its
@@ -17,15 +18,19 @@ without K blocking, the packed kernel, matrix-vector kernels), and those kernels
 bits. The first product of each shape, layout and block count in a process is computed both
 ways on random operands of the same layout (BLAS single-threaded: `runtime/blas.py`); a split
 that differs is replaced by the next candidate (the other axis, then two blocks), and a product
-none of whose candidates match is not split. So every 2-D product gives the bits of the single
-NumPy call, with any number of threads. The verdicts depend on the BLAS library and the CPU, as
-the bits already do. Measured with NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels): the packed
-kernel and the small-matrix kernel keep their bits under any split at multiples of 64 that stays
-on the same kernel; the direct kernel's tails and matrix-vector calls (M or N = 1) do not.
+none of whose candidates match is not split. The same trial times both ways: a split whose
+blocks, shared by the threads, would not take at most `GAIN` of the single call's time (BLAS may
+take a slower path for the blocks) is not used either; that choice never changes the bits. So
+every 2-D product gives the bits of the single NumPy call, with any number of threads. The
+verdicts depend on the BLAS library and the CPU, as the bits already do. Measured with NumPy
+2.4's OpenBLAS 0.3.31 (SkylakeX kernels): the packed kernel keeps its bits under any split at
+multiples of 64 that stays on it; blocks that fall into the direct kernel (its tails) or the
+matrix-vector kernels (M or N = 1) do not.
 """
 from __future__ import annotations
 
 import threading
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -37,8 +42,8 @@ __all__ = ["matmul", "plan_2d", "plan_batched", "bounds", "ALIGN", "MIN_BLOCK_MA
            "MAX_BLOCKS"]
 
 ALIGN = 64                # block starts: multiples of every BLAS micro-kernel's M / N unroll
-MIN_BLOCK_MACS = 1 << 21  # ~50 us of single-threaded SGEMM here: smaller blocks cost more than
-                          # they gain
+MIN_BLOCK_MACS = 1 << 22  # ~100 us of single-threaded SGEMM here: smaller blocks cost more than
+                          # they gain (waking and collecting the helper threads: ~50 us)
 MAX_BLOCKS = 64           # at most this many blocks of a batched product
 
 Bounds = Tuple[Tuple[int, int], ...]
@@ -140,7 +145,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.nd
 def _matmul_batched(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     plan = plan_batched(shape, a.shape[-1])
-    if plan is None or (out is not None and out.shape != shape):
+    if plan is None or (out is not None and out.shape != shape) or current_threads() < 2:
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty(shape, np.result_type(a, b))
@@ -197,13 +202,35 @@ def _verified_plan(key: tuple) -> Optional[Plan]:
         b = _operand(rng, k, n, lb, dt)
         with blas_threads():                  # as in a worker, whoever asks
             whole = np.matmul(a, b)
+            buf = np.empty_like(whole)
+            t_whole = _seconds(lambda: np.matmul(a, b, out=buf))
             for plan in plans:
-                if _split(a, b, plan).tobytes() == whole.tobytes():
+                if _split(a, b, plan).tobytes() != whole.tobytes():
+                    continue                  # another BLAS kernel for the blocks: other bits
+                # Blocks can take a slower BLAS path than the whole product: keep the split
+                # only where its blocks, shared by the threads, beat the single call.
+                t_split = _seconds(lambda: _split(a, b, plan, buf))
+                if t_split / len(plan[1]) + DISPATCH_S < GAIN * t_whole:
                     verdict = plan
                     break
     with _LOCK:
         _VERDICTS[key] = verdict
     return verdict
+
+
+DISPATCH_S = 60e-6        # waking the helper threads and collecting them, measured here
+GAIN = 0.8                # a split must promise at least 20% less wall time than one call
+
+
+def _seconds(fn, reps: int = 3) -> float:
+    """The shortest of `reps` timings of fn() (the first call warms caches and BLAS buffers)."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _operand(rng, rows: int, cols: int, layout: Tuple[str, int], dt) -> np.ndarray:
@@ -214,8 +241,8 @@ def _operand(rng, rows: int, cols: int, layout: Tuple[str, int], dt) -> np.ndarr
     return rng.standard_normal((cols, ld)).astype(dt)[:, :rows].T
 
 
-def _split(a: np.ndarray, b: np.ndarray, plan: Plan) -> np.ndarray:
-    out = np.empty((a.shape[0], b.shape[1]), a.dtype)
+def _split(a: np.ndarray, b: np.ndarray, plan: Plan, out=None) -> np.ndarray:
+    out = np.empty((a.shape[0], b.shape[1]), a.dtype) if out is None else out
     axis, ranges = plan
     for lo, hi in ranges:
         if axis == 0:

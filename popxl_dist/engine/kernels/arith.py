@@ -5,7 +5,7 @@ import numpy as np
 
 from ._util import (F16, F32, blocks, cast, flat, from_f16, jit_loops, jit_view, np_dtype,
                     scalar, scratch, to_f16, ufunc_out, via_f32, without_out)
-from ._blocks import as_f32, binary_blocks, binary_f32, each_range, elem_blocks, store
+from ._blocks import as_f32, binary_blocks, binary_f32, each_range, shared, store
 from .registry import kernel
 
 
@@ -177,7 +177,7 @@ def _scaled_add_inplace(attrs, ins, outs):
                     xf, yf = flat(x), flat(np.ascontiguousarray(y))
                     jit = jit_loops() if out == F32 and xf.size > 0 else None
                     if jit is not None:                # x += b * y, one compiled pass
-                        each_range(elem_blocks(xf.size),
+                        each_range(shared(xf.size),
                                    lambda lo, hi: jit.axpy(xf[lo:hi], yf[lo:hi], b))
                         return x
 
@@ -193,7 +193,7 @@ def _scaled_add_inplace(attrs, ins, outs):
                     jit = jit_loops() if out == F32 and xf.size > 0 else None
                     if jit is not None and y.shape == x.shape:
                         yj = jit_view(yf)
-                        each_range(elem_blocks(xf.size),
+                        each_range(shared(xf.size),
                                    lambda lo, hi: jit.axpy(xf[lo:hi], yj[lo:hi], b))
                         return x
 
@@ -218,7 +218,7 @@ def _scaled_add_inplace(attrs, ins, outs):
             ac, bc = calc.type(a), calc.type(b)
             if jit is not None:                  # a * x + b * y, one compiled pass
                 xj, yj = jit_view(xf), jit_view(yf)
-                each_range(elem_blocks(xf.size),
+                each_range(shared(xf.size),
                            lambda lo, hi: jit.scaled_add(xj[lo:hi], yj[lo:hi], ac, bc))
                 return x
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel import current_threads
 from ._blocks import as_f32, each_range, elem_blocks, store
 from ._util import F16, F32, f16_into, np_dtype, scratch, to_f16, via_f32
 from .registry import kernel
@@ -41,7 +42,7 @@ def _sum(attrs, ins, outs):
             if not rest:
                 np.copyto(out, first)
                 return out
-            if out.flags.c_contiguous:                # each addition in element blocks
+            if out.flags.c_contiguous and current_threads() > 1:   # additions in blocks
                 of = out.reshape(-1)
                 xs = [np.ascontiguousarray(x).reshape(-1) for x in (first, *rest)]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel import current_threads
 from ._blocks import BLOCK, copy_into
 from ._scatter_add import scatter_add_rows
 from ._util import F16, F32, np_dtype, without_out
@@ -94,7 +95,7 @@ def _concat_factory(attrs, ins, outs):
         return without_out(lambda *xs: np.concatenate(xs, axis=axis))
 
     def run(*xs, out=None):
-        if out is None or out.size <= BLOCK:
+        if out is None or out.size <= BLOCK or current_threads() < 2:
             return np.concatenate(xs, axis=axis, out=out)
         lo = 0
         ax = axis % out.ndim

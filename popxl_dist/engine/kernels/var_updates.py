@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._blocks import each_range, elem_blocks
+from ._blocks import each_range, shared
 from ._scatter_add import scatter_add_rows
 from ._util import (F16, F32, blocks, cast, f16_into, flat, jit_loops, jit_view, np_dtype,
                     round_f16, scalar, scratch, to_f16)
@@ -123,7 +123,7 @@ def _accumulate_kernel(attrs, ins, outs):
             jit = jit_loops() if tf.size > 0 else None
             if jit is not None:                       # one compiled pass, in element blocks
                 tj, xj, av = jit_view(tf), jit_view(xf), cdt.type(1) if a is None else a
-                each_range(elem_blocks(tf.size), lambda lo, hi: jit.moving_average(
+                each_range(shared(tf.size), lambda lo, hi: jit.moving_average(
                     tj[lo:hi], xj[lo:hi], av, b, square, a is not None, round_x))
                 return t
 
@@ -258,11 +258,11 @@ def _updater_factory(attrs, ins, outs):
                 and (w_all is None or w_all.dtype in (F16, F32))):
             m_j, v_j, o_j = jit_view(m_all), jit_view(v_all), jit_view(out_f)
             if w_all is None:
-                each_range(elem_blocks(o_j.size), lambda lo, hi: jit.adam_update(
+                each_range(shared(o_j.size), lambda lo, hi: jit.adam_update(
                     m_j[lo:hi], v_j[lo:hi], o_j[lo:hi], dm, dv, eps))
             else:
                 w_j, wd32 = jit_view(w_all), F32.type(wd)
-                each_range(elem_blocks(o_j.size), lambda lo, hi: jit.adam_update_wd(
+                each_range(shared(o_j.size), lambda lo, hi: jit.adam_update_wd(
                     m_j[lo:hi], v_j[lo:hi], w_j[lo:hi], o_j[lo:hi], dm, dv, eps, wd32))
             return res
         # m / dm / (sqrt(v / dv) + eps) + wd * w, block by block (the same operations as on

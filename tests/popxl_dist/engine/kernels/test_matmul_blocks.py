@@ -93,6 +93,8 @@ def test_plans_cut_m_or_n_at_multiples_of_64_never_k():
 
 
 def test_big_products_really_split_on_several_threads(monkeypatch):
+    monkeypatch.setattr(mb, "GAIN", 1e9)          # split whatever the timings say
+    monkeypatch.setattr(mb, "_VERDICTS", {})
     calls = []
     real = mb.run_blocks
     monkeypatch.setattr(mb, "run_blocks", lambda n, fn: (calls.append(n), real(n, fn)))
@@ -131,3 +133,16 @@ def test_a_times_its_own_transpose_is_left_to_numpy():
     a = operand(1024, 512, "C")
     with blas_threads(), threads(4):
         assert mb.matmul(a, a.T).tobytes() == np.matmul(a, a.T).tobytes()
+
+
+def test_a_split_slower_than_the_single_call_is_not_used(monkeypatch):
+    """Blocks that BLAS computes more slowly than the whole product (another kernel path) are
+    not worth the threads: the product then runs as the single call (same bits either way)."""
+    monkeypatch.setattr(mb, "_VERDICTS", {})
+    monkeypatch.setattr(mb, "GAIN", 0.0)          # no split can promise a gain
+    calls = []
+    monkeypatch.setattr(mb, "run_blocks", lambda n, fn: calls.append(n))
+    a, b = operand(1024, 256, "C"), operand(256, 768, "C")
+    with blas_threads(), threads(2):
+        assert mb.matmul(a, b).tobytes() == np.matmul(a, b).tobytes()
+    assert calls == [] and list(mb._VERDICTS.values()) == [None]
