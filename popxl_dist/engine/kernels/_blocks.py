@@ -52,12 +52,14 @@ def row_blocks(rows: int, row_len: int, block: int = 0) -> Iterator[Tuple[int, i
 def shared(n: int) -> Iterable[Tuple[int, int]]:
     """Element ranges of work that is one call on one thread: (0, n) there, `elem_blocks(n)`
     for several threads (element-wise work: the same results either way)."""
-    return ((0, n),) if current_threads() < 2 else elem_blocks(n)
+    return ((0, n),) if n <= BLOCK or current_threads() < 2 else elem_blocks(n)
 
 
 def shared_rows(rows: int, row_len: int) -> Iterable[Tuple[int, int]]:
     """`shared` for whole rows: all of them on one thread, `row_blocks` for several."""
-    return ((0, rows),) if current_threads() < 2 else row_blocks(rows, row_len)
+    if rows * row_len <= BLOCK or current_threads() < 2:
+        return ((0, rows),)
+    return row_blocks(rows, row_len)
 
 
 def each_range(ranges: Iterable[Tuple[int, int]], body: Callable[[int, int], None]) -> None:
