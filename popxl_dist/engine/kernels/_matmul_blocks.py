@@ -104,6 +104,8 @@ def plan_batched(out_shape: Sequence[int], k: int) -> Optional[Tuple[int, Bounds
 # --- running ---------------------------------------------------------------------------------
 def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """`np.matmul(a, b, out=out)` in blocks on the calling thread's op threads, with its bits."""
+    if current_threads() < 2:
+        return np.matmul(a, b, out=out)         # one thread: the single call, as before
     if a.ndim == 2 and b.ndim == 2:
         return _matmul_2d(a, b, out)
     if a.ndim >= 2 and b.ndim >= 2 and (a.ndim > 2 or b.ndim > 2):
@@ -116,7 +118,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.nd
     n = b.shape[1]
     dt = a.dtype
     threads = current_threads()
-    if (threads < 2 or dt not in _SPLIT_DTYPES or b.dtype != dt
+    if (dt not in _SPLIT_DTYPES or b.dtype != dt
             or m * k * n < 2 * MIN_BLOCK_MACS
             or (out is not None and (out.dtype != dt or not out.flags.c_contiguous))
             or b.shape[0] != k):
@@ -145,7 +147,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.nd
 def _matmul_batched(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     plan = plan_batched(shape, a.shape[-1])
-    if plan is None or (out is not None and out.shape != shape) or current_threads() < 2:
+    if plan is None or (out is not None and out.shape != shape):
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty(shape, np.result_type(a, b))
