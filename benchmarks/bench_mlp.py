@@ -2,9 +2,9 @@
 hand in NumPy and against PyTorch eager (when installed).
 
 MLP 784-512-512-512-10, GELU (tanh), softmax cross entropy, SGD (lr 0.05), random inputs.
-Each contender runs in a fresh process (1 BLAS / OpenMP thread, default malloc), the contenders
-alternate round by round; prints steps/s (median over rounds) and ratios, plus the Session
-compile time. (In one process, torch's OpenMP threads and allocator settings slow the emulator
+Each contender runs in a fresh process (1 thread: popxl's and BLAS / OpenMP's; default malloc),
+the contenders alternate round by round; prints steps/s (median over rounds) and ratios, plus the
+Session compile time (`--markdown`: also a table with the machine and the load average). (In one process, torch's OpenMP threads and allocator settings slow the emulator
 down: measured 746 -> 250 steps/s at batch 8.)
 
     python benchmarks/bench_mlp.py [--steps 300] [--rounds 5] [--batch-sizes 8 128] [--addons]
@@ -224,7 +224,8 @@ def measure(step: Callable, data, steps: int) -> tuple:
 
 
 TAG = "BENCH_JSON "
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "POPXL_THREADS": "1"}
 MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
                "MALLOC_TOP_PAD_", "LD_PRELOAD")
 
@@ -280,6 +281,7 @@ def launch(name: str, batch: int, steps: int, addons: bool) -> dict:
 def main(argv: List[str] = None) -> None:
     import json
     import os
+    import sys
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300, help="timed steps per contender per round")
@@ -288,6 +290,8 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--addons", action="store_true", help="build the program with popxl_addons")
     p.add_argument("--run", choices=["emulator", "numpy", "torch"], help="worker mode")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--markdown", action="store_true",
+                   help="end with a Markdown table of the figures (machine and load average)")
     args = p.parse_args(argv)
     if args.run:
         print(TAG + json.dumps(run_one(args.run, args.batch, args.steps, args.addons)),
@@ -305,6 +309,7 @@ def main(argv: List[str] = None) -> None:
           f"{'popxl_addons' if args.addons else 'plain popxl'}; load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     names = ["emulator", "numpy"] + (["torch"] if have_torch else [])
+    rows = []
     for batch in args.batch_sizes:
         recs: Dict[str, List[dict]] = {k: [] for k in names}
         for rnd in range(args.rounds):
@@ -329,8 +334,24 @@ def main(argv: List[str] = None) -> None:
             print(f"  emulator / torch = {med['emulator'] / med['torch']:.2f}x (same-round "
                   f"{', '.join(f'{r:.2f}' for r in same)}); per CPU second "
                   f"{cpu['emulator'] / cpu['torch']:.2f}x")
-    load = os.getloadavg()
-    print(f"\nload average at the end: {load[0]:.2f}")
+            rows.append(f"| `bench_mlp.py{' --addons' if args.addons else ''}` batch {batch} "
+                        f"| {med['emulator']:.1f} steps/s ({cpu['emulator']:.0f} per CPU s) "
+                        f"| torch {med['torch']:.1f} ({cpu['torch']:.0f} per CPU s) "
+                        f"| {med['emulator'] / med['torch']:.2f}x (rounds {min(same):.2f}-"
+                        f"{max(same):.2f}; per CPU s {cpu['emulator'] / cpu['torch']:.2f}x) "
+                        f"| >= 1.2x |")
+    end = os.getloadavg()
+    print(f"\nload average at the end: {end[0]:.2f}")
+    if args.markdown:
+        from bench_transformer import machine
+        print(f"\nMeasured by `python benchmarks/bench_mlp.py {' '.join(sys.argv[1:])}` on "
+              f"{machine()}; numpy {np.__version__}, {torch_info}; 1 thread each; load average "
+              f"{load[0]:.2f} at the start, {end[0]:.2f} at the end (figures count on a quiet "
+              f"machine: below 1).\n")
+        print("| figure | popxl-dist | same-run reference | ratio | target |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(r)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,22 @@ the contenders alternate round by round, and the figures are medians over rounds
 * data parallel over 2 MPI ranks (`popxl-run --backend mpi --workers 2`, all-reduce of every
   gradient) against torch DDP (gloo, 2 processes), samples/s at sizes a and b;
 * the same unchanged 2-rank script with the default environment (no BLAS variable: the runtime's
-  BLAS policy decides) against `OPENBLAS_NUM_THREADS=1` (part `blas`, sizes a and b).
+  BLAS policy decides) against `OPENBLAS_NUM_THREADS=1` (part `blas`, sizes a and b);
+* wall time per step with default settings for both contenders, no thread pinning: popxl-dist
+  with its own threads (`POPXL_THREADS` unset), PyTorch with its default intra-op threads (part
+  `wall`, sizes a, b, c);
+* the scaling of wall time from 1 to 2 threads (`POPXL_THREADS=1` / `2`, torch
+  `set_num_threads(1)` / `(2)`), with the parallel fraction it implies and, from it, the time
+  projected on 8 and 16 cores (part `scaling`; Amdahl's law, see docs/threads.md).
 
     python benchmarks/bench_transformer.py                      # everything (torch optional)
     python benchmarks/bench_transformer.py --parts step --sizes a b --rounds 5
     python benchmarks/bench_transformer.py --parts f16 compile dp blas
+    python benchmarks/bench_transformer.py --parts wall scaling --markdown   # + a Markdown table
+
+The 1-thread parts (`step`, `f16`) pin both contenders to one thread (`POPXL_THREADS=1`, torch
+`set_num_threads(1)` and the BLAS / OpenMP variables at 1). `--markdown` ends with a table of
+every figure measured, headed by the machine, the versions and the load average.
 
 Nothing here asserts on time. A contender can be run alone in worker mode:
 `--run popxl|torch --size b [--dtype float16] [--layers 8] [--replicas 2]` prints one JSON line.
@@ -53,11 +64,14 @@ STEPS = {"a": 40, "b": 12, "c": 6}          # measured steps per run (after WARM
 WARMUP = 2
 LR = 1e-3
 EPS = 1e-5
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "POPXL_THREADS": "1"}
 MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
                "MALLOC_TOP_PAD_", "LD_PRELOAD")
 BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-             "POPXL_BLAS_THREADS", "OPENBLAS_THREAD_TIMEOUT")
+             "POPXL_BLAS_THREADS", "POPXL_THREADS", "POPXL_REPLICA_THREADS",
+             "OPENBLAS_THREAD_TIMEOUT")
+TABLE: List[Dict[str, str]] = []        # every figure measured, for --markdown
 
 
 def emit(record: Dict[str, Any]) -> None:
@@ -293,7 +307,8 @@ def run_torch(args, cfg) -> Dict[str, Any]:
     import torch
     from torch.nn import functional as F
 
-    torch.set_num_threads(1)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)   # 0: PyTorch's default (one per core)
     ddp = args.ddp_world > 1
     if ddp:
         import torch.distributed as dist
@@ -384,8 +399,9 @@ def compile_only(args, cfg) -> Dict[str, Any]:
 
 # --- orchestration -----------------------------------------------------------------------------
 def child_env(extra: Optional[Dict[str, str]] = None, one_thread: bool = True) -> Dict[str, str]:
-    """The contenders' environment: default malloc, 1 BLAS / OpenMP thread (`one_thread`) or no
-    BLAS variable at all (the libraries' and the runtime's defaults)."""
+    """The contenders' environment: default malloc, 1 thread (`one_thread`: popxl's threads and
+    the BLAS / OpenMP variables) or no thread variable at all (the libraries' and the runtime's
+    defaults)."""
     env = {k: v for k, v in os.environ.items() if k not in MALLOC_VARS + BLAS_VARS}
     if one_thread:
         env.update(ONE_THREAD)
@@ -476,6 +492,9 @@ def part_step(args, torch_ok: bool) -> None:
                   f"{med(t, 'minflt_step'):.0f} minor faults/step, peak RSS "
                   f"{med(t, 'peak_rss_mb'):.0f} MB, model+optimiser {med(t, 'compile_s'):.2f} s)")
             ratios = [a["cpu_step_ms"] / b["cpu_step_ms"] for a, b in zip(p, t)]
+            row(f"CPU time per step, size {size} (1 thread each)",
+                f"{med(p, 'cpu_step_ms'):.1f} ms", f"torch {med(t, 'cpu_step_ms'):.1f} ms",
+                med(p, "cpu_step_ms") / med(t, "cpu_step_ms"), ratios, "<= 1.0x")
             print(f"        popxl / torch CPU time per step = "
                   f"{med(p, 'cpu_step_ms') / med(t, 'cpu_step_ms'):.2f}x (same-round ratios "
                   f"{', '.join(f'{r:.2f}' for r in ratios)}); losses agree to "
@@ -493,6 +512,9 @@ def part_f16(args) -> None:
                 recs[dt].append(launch(worker_cmd("popxl", size, steps, "--dtype", dt)))
         a, b = recs["float16"], recs["float32"]
         ratios = [x["cpu_step_ms"] / y["cpu_step_ms"] for x, y in zip(a, b)]
+        row(f"float16 / float32 CPU time per step, size {size}", f"{med(a, 'cpu_step_ms'):.1f} ms",
+            f"float32 {med(b, 'cpu_step_ms'):.1f} ms", med(a, "cpu_step_ms") / med(b, "cpu_step_ms"),
+            ratios, "<= 1.3x")
         print(f"size {size}: float16 {med(a, 'cpu_step_ms'):.1f} ms/step, float32 "
               f"{med(b, 'cpu_step_ms'):.1f} ms/step: float16 / float32 = "
               f"{med(a, 'cpu_step_ms') / med(b, 'cpu_step_ms'):.2f}x (same-round "
@@ -567,10 +589,121 @@ def part_blas(args) -> None:
               f"{'bitwise equal' if same else 'differ'}")
 
 
+def launch_default(name: str, size: str, steps: int, threads: Optional[int]) -> Dict[str, Any]:
+    """One contender with `threads` threads (popxl: `POPXL_THREADS`; torch:
+    `set_num_threads`), or with no thread setting at all (None: the defaults)."""
+    if threads is None:
+        env = child_env(one_thread=False)
+        extra = ["--torch-threads", "0"] if name == "torch" else []
+    else:
+        env = child_env({"POPXL_THREADS": str(threads)}, one_thread=False)
+        extra = ["--torch-threads", str(threads)] if name == "torch" else []
+    return launch(worker_cmd(name, size, steps, *extra), env)
+
+
+def part_wall(args, torch_ok: bool) -> None:
+    print(f"\n## wall time per training step with default settings (no thread setting: "
+          f"popxl-dist's and PyTorch's own defaults), median of {args.rounds} rounds")
+    for size in args.sizes:
+        steps = args.steps or STEPS[size]
+        names = ["popxl", "torch"] if torch_ok else ["popxl"]
+        recs: Dict[str, List[Dict[str, Any]]] = {n: [] for n in names}
+        for rnd in range(args.rounds):
+            for name in (names if rnd % 2 == 0 else names[::-1]):
+                recs[name].append(launch_default(name, size, steps, None))
+        p = recs["popxl"]
+        line = f"size {size}: popxl {med(p, 'wall_step_ms'):.1f} ms/step (CPU {med(p, 'cpu_step_ms'):.1f})"
+        if torch_ok:
+            t = recs["torch"]
+            ratios = [a["wall_step_ms"] / b["wall_step_ms"] for a, b in zip(p, t)]
+            ratio = med(p, "wall_step_ms") / med(t, "wall_step_ms")
+            line += (f", torch {med(t, 'wall_step_ms'):.1f} ms/step (CPU "
+                     f"{med(t, 'cpu_step_ms'):.1f}): popxl / torch = {ratio:.2f}x (same-round "
+                     f"{', '.join(f'{r:.2f}' for r in ratios)}); losses agree to "
+                     f"{rel_diff(p[0]['losses'], t[0]['losses']):.1e}")
+            row(f"wall time per step, size {size}, default settings",
+                f"{med(p, 'wall_step_ms'):.1f} ms", f"torch {med(t, 'wall_step_ms'):.1f} ms",
+                ratio, ratios, "<= 0.9x")
+        print(line)
+
+
+def amdahl(t1: float, t2: float) -> float:
+    """The parallel fraction p of a run taking t1 on 1 thread and t2 on 2 (Amdahl's law:
+    t2 = t1 * ((1 - p) + p / 2)), clipped to [0, 1]."""
+    return min(1.0, max(0.0, 2.0 * (1.0 - t2 / t1)))
+
+
+def projected(t1: float, p: float, cores: int) -> float:
+    return t1 * ((1.0 - p) + p / cores)
+
+
+def part_scaling(args, torch_ok: bool) -> None:
+    print(f"\n## scaling 1 -> 2 threads (wall time per step; popxl POPXL_THREADS, torch "
+          f"set_num_threads), median of {args.rounds} rounds; projected to 8 and 16 cores by "
+          f"Amdahl's law from the parallel fraction p the two runs imply")
+    names = ["popxl", "torch"] if torch_ok else ["popxl"]
+    for size in args.sizes:
+        steps = args.steps or STEPS[size]
+        recs: Dict[tuple, List[Dict[str, Any]]] = {(n, t): [] for n in names for t in (1, 2)}
+        order = list(recs)
+        for rnd in range(args.rounds):
+            for key in (order if rnd % 2 == 0 else order[::-1]):
+                recs[key].append(launch_default(key[0], size, steps, key[1]))
+        for name in names:
+            t1, t2 = med(recs[(name, 1)], "wall_step_ms"), med(recs[(name, 2)], "wall_step_ms")
+            p = amdahl(t1, t2)
+            t8, t16 = projected(t1, p, 8), projected(t1, p, 16)
+            same = recs[(name, 1)][0]["losses"] == recs[(name, 2)][0]["losses"]
+            print(f"size {size} {name:5s}: 1 thread {t1:.1f} ms/step, 2 threads {t2:.1f} ms/step "
+                  f"(speed-up {t1 / t2:.2f}x, p = {p:.2f}); projected 8 cores {t8:.1f}, 16 cores "
+                  f"{t16:.1f} ms/step; losses 1 vs 2 threads "
+                  f"{'bitwise equal' if same else 'differ'}")
+            row(f"scaling, size {size}, {name}: 1 -> 2 threads", f"{t1:.1f} -> {t2:.1f} ms",
+                f"p = {p:.2f}; 8 / 16 cores: {t8:.1f} / {t16:.1f} ms", t1 / t2, None, "",
+                ratio_word="speed-up")
+
+
+def row(figure: str, popxl: str, reference: str, ratio: Optional[float],
+        ratios: Optional[List[float]], target: str, ratio_word: str = "") -> None:
+    """One line of the --markdown table."""
+    r = "" if ratio is None else f"{ratio:.2f}x"
+    if ratios:
+        r += f" (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+    if ratio_word and r:
+        r = f"{ratio_word} {r}"
+    TABLE.append({"figure": figure, "popxl": popxl, "reference": reference, "ratio": r,
+                  "target": target})
+
+
+def machine() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                         "")
+    except OSError:
+        pass
+    return f"{model or 'unknown CPU'}, {os.cpu_count()} cores"
+
+
+def markdown(header: str, load_start, load_end) -> str:
+    lines = [f"Measured by `python benchmarks/bench_transformer.py {' '.join(sys.argv[1:])}` on "
+             f"{machine()}; {header}; load average {load_start[0]:.2f} at the start, "
+             f"{load_end[0]:.2f} at the end (figures count on a quiet machine: below 1).", "",
+             "| figure | popxl-dist | same-run reference | ratio | target |",
+             "|---|---|---|---|---|"]
+    for r in TABLE:
+        lines.append(f"| {r['figure']} | {r['popxl']} | {r['reference']} | {r['ratio']} | "
+                     f"{r['target']} |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", nargs="+", default=["step", "f16", "compile", "dp", "blas"],
-                   choices=["step", "f16", "compile", "dp", "blas"])
+    parts = ["step", "f16", "compile", "dp", "blas", "wall", "scaling"]
+    p.add_argument("--parts", nargs="+", default=parts, choices=parts)
+    p.add_argument("--markdown", action="store_true",
+                   help="end with a Markdown table of the figures (machine and load average)")
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=0, help="measured steps per run (0: per size)")
@@ -583,6 +716,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--ddp-world", type=int, default=1)
     p.add_argument("--ddp-rank", type=int, default=0)
     p.add_argument("--ddp-port", type=int, default=0)
+    p.add_argument("--torch-threads", type=int, default=1,
+                   help="worker mode: torch.set_num_threads (0: PyTorch's default)")
     args = p.parse_args(argv)
     if args.run:
         cfg = dict(SIZES[args.size])
@@ -597,10 +732,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     torch_ok = have_torch()
     from importlib.metadata import version
 
-    print(f"bench_transformer: numpy {np.__version__}, "
-          f"{'torch ' + version('torch') if torch_ok else 'torch not installed'}; "
-          f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
-          f"{os.getloadavg()[2]:.2f}; {os.cpu_count()} cores")
+    load_start = os.getloadavg()
+    header = (f"numpy {np.__version__}, "
+              f"{'torch ' + version('torch') if torch_ok else 'torch not installed'}")
+    print(f"bench_transformer: {header}; load average {load_start[0]:.2f} {load_start[1]:.2f} "
+          f"{load_start[2]:.2f}; {machine()}")
     if "step" in args.parts:
         part_step(args, torch_ok)
     if "f16" in args.parts:
@@ -611,7 +747,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         part_dp(args, torch_ok)
     if "blas" in args.parts:
         part_blas(args)
-    print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
+    if "wall" in args.parts:
+        part_wall(args, torch_ok)
+    if "scaling" in args.parts:
+        part_scaling(args, torch_ok)
+    load_end = os.getloadavg()
+    print(f"\nload average at the end: {load_end[0]:.2f}")
+    if args.markdown:
+        print("\n" + markdown(header, load_start, load_end))
 
 
 if __name__ == "__main__":

@@ -281,9 +281,9 @@ def _run_job(backend: str, workers: int, target: str, args: List[str],
              hosts: Optional[HostLaunch] = None) -> int:
     """Check a YAML job here, then run it (on MPI rank 0 for mpi)."""
     if "numpy" not in sys.modules:
-        # One BLAS thread per worker by default: W processes on few cores with several BLAS
-        # threads each slow each other down badly, and every backend must use the same count
-        # (OpenBLAS's bits depend on it) for the runs to agree bit for bit.
+        # Workers run BLAS single-threaded whatever this says (popxl's own threads share the
+        # cores: docs/threads.md); one BLAS thread here keeps the job's host-side NumPy work
+        # from starting BLAS threads that would compete with them.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .job.config import ConfigError
     from .job.run import prepare, run_job

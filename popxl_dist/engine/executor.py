@@ -6,7 +6,6 @@ ranks or Ray actors; the protocol is `weights_from_host`, `run`, `weights_to_hos
 """
 from __future__ import annotations
 
-import os
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -17,8 +16,10 @@ from .._ir.records import IrData, TensorKind
 from ..dtypes import storage_numpy
 from ..errors import (CollectiveTimeout, EngineError, EngineRuntimeError, NonFiniteError,
                       RunAborted, WorkerError)
+from ..runtime.cores import worker_threads
 from ..runtime.env import positive_int
 from .comm import Communicator, Layout
+from . import parallel
 from .compile import CollectiveStep, Program, explain_error
 from .flight import (FlightRecorder, attach as attach_flight, dump as flight_dump,
                      merge_peers as merge_flights)
@@ -67,22 +68,21 @@ class ReplicaContext:
 
 
 def replica_threads(local_replicas: int, workers: int) -> int:
-    """How many of a worker's replicas run at once: one per core this worker may use (the
-    machine's cores divided among the workers sharing it: `MPI_LOCALNRANKS` /
-    `OMPI_COMM_WORLD_LOCAL_SIZE` for MPI ranks, else all `workers`), at most its replica count;
-    `POPXL_REPLICA_THREADS` sets it. Each replica computes exactly as when run alone (one BLAS
-    thread, its own buffers and scratch), and collectives combine the replicas in replica order,
-    so the bits do not depend on it."""
+    """How many of a worker's replicas run at once: one per thread of the worker's budget
+    (`runtime.cores.worker_threads`: `POPXL_THREADS`, else the machine's cores divided among the
+    workers on it), at most its replica count; `POPXL_REPLICA_THREADS` sets it. Each replica
+    computes exactly as when run alone (its own buffers and scratch), and collectives combine
+    the replicas in replica order, so the bits do not depend on it."""
     n = positive_int("POPXL_REPLICA_THREADS")
     if n is not None:
         return max(1, min(n, local_replicas))
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:                      # macOS
-        cores = os.cpu_count() or 1
-    local = os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
-    sharing = int(local) if local and local.isdigit() else workers
-    return max(1, min(local_replicas, cores // max(sharing, 1)))
+    return max(1, min(local_replicas, worker_threads(workers)))
+
+
+def op_threads(replicas_at_once: int, workers: int) -> int:
+    """The threads each running replica computes its ops with (`engine/parallel.py`): the
+    worker's budget divided among the replicas it runs at once."""
+    return max(1, worker_threads(workers) // max(1, replicas_at_once))
 
 
 def _replica_span(replicas: Sequence[int]) -> str:
@@ -159,7 +159,9 @@ class Worker:
         self._fp_events = (dict(divide="raise", over="raise", invalid="raise", under="ignore")
                            if getattr(ir, "floating_point_checks", False) else dict(all="ignore"))
         self._pool = None
-        n = replica_threads(len(self.ctxs), self.comm.layout.num_workers)
+        workers = self.comm.layout.num_workers
+        n = replica_threads(len(self.ctxs), workers)
+        self._op_threads = op_threads(n, workers)
         if n > 1:
             self._pool = ThreadPoolExecutor(max_workers=n - 1,
                                             thread_name_prefix="popxl-replica")
@@ -368,7 +370,7 @@ class Worker:
             self._run_graph(cg)
 
     def _run_graph(self, cg) -> None:
-        with fp_events(self._fp_events):
+        with fp_events(self._fp_events), parallel.threads(self._op_threads):
             if cg.has_collectives:
                 self._lockstep(cg)
                 return
@@ -385,7 +387,7 @@ class Worker:
                     raise err from e
 
     def _in_fp_state(self, fn, ctx, arg):
-        with fp_events(self._fp_events):
+        with fp_events(self._fp_events), parallel.threads(self._op_threads):
             return fn(ctx, arg)
 
     def _each_replica(self, fn, args: Sequence) -> list:

@@ -1,25 +1,18 @@
-"""BLAS threads of the workers: one count per job, the same in every worker on every backend.
+"""BLAS threads of the workers: always one, inside the blocks the runtime hands to its threads.
 
-OpenBLAS gives different bits for most matrix products with different thread counts (and for the
-same product split into row blocks), and a program must give the same bits on the local, MPI and
-Ray backends with any number of workers. So the thread count is a property of the job, not of where
-a worker runs: every worker runs its kernels with `job_blas_threads()` BLAS threads, set with
-threadpoolctl while it computes (the host's own NumPy work outside `Session.run` keeps the user's
-settings):
-
-* `POPXL_BLAS_THREADS=n` sets it for every worker (and is passed on to Ray actors);
-* a BLAS library's own variable set by the user (`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`,
-  `MKL_NUM_THREADS`, `BLIS_NUM_THREADS`) is respected as it is (every process of the job inherits
-  it, so the bits still agree);
-* otherwise 1 thread per worker: the cores of a machine are shared by its workers (MPI ranks,
-  Ray actors, worker threads: one per core is the recommended layout), and the many small and
-  medium products of emulated programs gain little from BLAS threads but lose a lot when several
-  processes' BLAS threads share the cores (measured: benchmarks/bench_transformer.py, README
-  "Performance").
+OpenBLAS gives different bits for most matrix products with different thread counts (its
+threads split the work and choose other kernels), and a program must give the same bits on
+every backend, with any number of workers and threads. So the runtime owns the parallelism
+(`engine/parallel.py`: matmuls split into output blocks that depend on the shapes only) and BLAS
+runs single-threaded inside every block: `blas_threads()` sets every BLAS library to one thread
+while a worker computes, on every backend (the host's own NumPy work outside `Session.run` keeps
+the user's settings). The BLAS libraries' own variables (`OPENBLAS_NUM_THREADS`,
+`OMP_NUM_THREADS`, ...) no longer change what a worker computes; how many threads a worker uses
+is `POPXL_THREADS` (see `runtime/cores.py`).
 
 OpenBLAS takes thread-count changes from a process's main thread only, so the count is set on
 the thread that drives the workers: the host's (local and worker-thread backends), each MPI
-rank's and Ray actor's own main thread (Ray actors also start with the count in their BLAS
+rank's and Ray actor's own main thread (Ray actors also start with one thread in their BLAS
 variables); worker threads nest inside that scope.
 """
 from __future__ import annotations
@@ -28,8 +21,6 @@ import os
 import threading
 import warnings
 from typing import List, Optional
-
-from .env import positive_int
 
 __all__ = ["job_blas_threads", "user_blas_vars", "blas_threads", "BLAS_VARS"]
 
@@ -41,13 +32,9 @@ def user_blas_vars() -> dict:
     return {v: os.environ[v] for v in BLAS_VARS if os.environ.get(v, "").strip()}
 
 
-def job_blas_threads() -> Optional[int]:
-    """The BLAS thread count of this job's workers, or None to leave BLAS as the user set it."""
-    n = positive_int("POPXL_BLAS_THREADS")
-    if n is not None:
-        return n
-    if user_blas_vars():
-        return None
+def job_blas_threads() -> int:
+    """The BLAS thread count inside a worker's computation: 1 (the runtime's own threads run the
+    blocks in parallel, see `engine/parallel.py`)."""
     return 1
 
 
@@ -81,7 +68,7 @@ class _Limiter:
         with self._lock:
             if self._depth == 0:
                 self._n = job_blas_threads()
-                if self._n is not None:
+                if self._n:
                     libs = self._controllers()
                     self._saved = [lib.get_num_threads() for lib in libs]
                     for lib, cur in zip(libs, self._saved):
@@ -93,7 +80,7 @@ class _Limiter:
     def __exit__(self, *exc):
         with self._lock:
             self._depth -= 1
-            if self._depth == 0 and self._n is not None:
+            if self._depth == 0 and self._n:
                 for lib, cur in zip(self._controllers(), self._saved):
                     if cur != self._n:
                         lib.set_num_threads(cur)
@@ -108,5 +95,5 @@ _LIMITER = _Limiter()
 
 
 def blas_threads() -> _Limiter:
-    """`with blas_threads(): ...`: run a worker's computation with the job's BLAS threads."""
+    """`with blas_threads(): ...`: run a worker's computation with one BLAS thread."""
     return _LIMITER

@@ -27,7 +27,7 @@ import time
 from typing import Any, List, Optional, Sequence
 
 from ..errors import CollectiveTimeout, WorkerDied, WorkerError
-from .blas import job_blas_threads, user_blas_vars
+from .cores import DEPRECATED_THREADS_VAR, set_local_workers
 from .endpoint import (ABORTED, DIED, ERROR, LIVENESS_PERIOD, Endpoint, EndpointTransport,
                        Silence, decode, describe, encode, lost_error, serve)
 from .env import collective_timeout, ray_transport
@@ -52,16 +52,13 @@ _STATS = "__transport_stats__"
 
 
 def _actor_env() -> dict:
-    """The actors' environment. BLAS thread counts are the job's (see runtime/blas.py): Ray
-    would set them to the actor's CPU count, and OpenBLAS gives different bits with different
-    thread counts, which would break bitwise agreement with the local and MPI backends."""
-    n = job_blas_threads()
-    if n is None:                        # the user's own BLAS settings, as they are
-        env = user_blas_vars()
-    else:
-        env = {"POPXL_BLAS_THREADS": str(n)}
-        env.update({var: str(n) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                            "MKL_NUM_THREADS")})
+    """The actors' environment. BLAS runs one thread inside a worker's computation (see
+    runtime/blas.py; Ray would set its variables to the actor's CPU count), and the job's
+    `POPXL_THREADS` (threads per worker, runtime/cores.py) reaches every actor."""
+    env = {var: "1" for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    for var in ("POPXL_THREADS", DEPRECATED_THREADS_VAR):
+        if os.environ.get(var, "").strip():
+            env[var] = os.environ[var]
     # Idle BLAS threads of several actors per core would spin against each other.
     env["OPENBLAS_THREAD_TIMEOUT"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "4")
     if "POPXL_PEER_TIMEOUT" in os.environ:       # (their sockets' keepalive)
@@ -77,6 +74,11 @@ def _node_and_ip() -> tuple:
     import ray
 
     return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+
+def _on_node(table: List[dict], node: str) -> int:
+    """How many of the pool's workers run on `node` (they share its cores: runtime/cores.py)."""
+    return sum(1 for member in table if member.get("node") == node)
 
 
 def _stats(endpoint: Endpoint, transport: EndpointTransport, node: str) -> dict:
@@ -102,6 +104,7 @@ class _ActorWorker:
 
     def connect(self, table: List[dict]) -> None:
         self.mesh.connect(table)
+        set_local_workers(_on_node(table, self.node))
 
     def attach(self) -> None:
         self.mesh.attach()
@@ -249,6 +252,7 @@ class RayPool(WorkerPool):
                                              timeout=_SETUP_TIMEOUT)
             ray.get([a.connect.remote(table) for a in self.actors], timeout=_SETUP_TIMEOUT)
             mesh.connect(table)
+            set_local_workers(_on_node(table, self.node))
             attached = [a.attach.remote() for a in self.actors]
             mesh.attach()
             ray.get(attached, timeout=_SETUP_TIMEOUT)

@@ -149,7 +149,9 @@ def accuracy(predictions: np.ndarray, labels: np.ndarray):
     return np.mean(ind == labels) * 100.0
 
 
-def _train_and_test(learning_rate, steps, use_adam=False, notebook=False):
+def _train_and_test(learning_rate, steps, use_adam=False, notebook=False, collect=None):
+    """(losses, test accuracy); `collect` (a list) also receives the trained weights and the
+    test outputs."""
     np.random.seed(42)
     train_batch_size, test_batch_size, device = 8, 80, "ipu_hw"
     train_session, train_input_streams, train_variables, loss_stream = train_program(
@@ -179,6 +181,10 @@ def _train_and_test(learning_rate, steps, use_adam=False, notebook=False):
         for data, labels in batches(False, test_batch_size, TEST_BATCHES):
             output = test_session.run(dict(zip(test_input_streams, [data, labels])))
             sum_acc += accuracy(output[out_stream], labels)
+            if collect is not None:
+                collect.append(output[out_stream])
+    if collect is not None:
+        collect.extend(train_vars_to_data[t] for t in train_variables.tensors)
     return losses, sum_acc / TEST_BATCHES
 
 
@@ -196,3 +202,19 @@ def test_mnist_training(kind, lr, steps, min_acc, min_drop):
     first, last = np.mean(losses[:10]), np.mean(losses[-10:])
     assert last < first - min_drop, (first, last)
     assert acc > min_acc, acc
+
+
+@pytest.mark.parametrize("use_adam", [False, True], ids=["tutorial1", "tutorial2_adam"])
+def test_seed_programs_give_the_same_bits_with_any_thread_count(monkeypatch, use_adam):
+    """Training (batch 8: its weight updates split into element blocks) and testing (batch 80:
+    its products split too) with POPXL_THREADS 1, 2, 4 and the default: bitwise the same
+    losses, weights and test outputs."""
+    from thread_counts import assert_same_bits_and_parallel, over_thread_counts
+
+    def run():
+        collected = []
+        losses, acc = _train_and_test(1e-3 if use_adam else 0.05, 12, use_adam=use_adam,
+                                      collect=collected)
+        return losses, acc, collected
+
+    assert_same_bits_and_parallel(over_thread_counts(monkeypatch, run))

@@ -68,3 +68,15 @@ def test_popxl_gpt_trains():
         losses = [float(sess.run({tok_s: tokens[0], lab_s: labels[0]})[loss_s])
                   for _ in range(8)]
     assert all(b < a for a, b in zip(losses, losses[1:])), losses     # Adam on one batch
+
+
+def test_gpt_losses_do_not_depend_on_the_thread_count(monkeypatch):
+    """The benchmark's GPT at a size whose products and element-wise work split into blocks:
+    bitwise the same losses with POPXL_THREADS 1, 2, 4 and the default, float32 and float16."""
+    from thread_counts import assert_same_bits_and_parallel, over_thread_counts
+
+    cfg = dict(hidden=128, layers=1, heads=4, seq=64, vocab=512, batch=8)
+    for dtype in ("float32", "float16"):
+        args = types.SimpleNamespace(dtype=dtype, replicas=1, steps=2)
+        results = over_thread_counts(monkeypatch, lambda: bench.run_popxl(args, dict(cfg))["losses"])
+        assert_same_bits_and_parallel(results)

@@ -7,16 +7,23 @@ output (a memory-plan buffer when the compiler gives one). Element-wise results 
 where an element sits in a block, and row reductions see the same row, so the bits are those of the
 unfused definition (the tests compare them). float16 operands are converted a block at a time with
 the fast converters of `_util` (never NumPy's slow float16 subnormal path).
+
+Blocks are independent, so `each_range` runs them on the op's threads (`engine/parallel.py`):
+the blocks depend on the shapes only, and a block computes the same whichever thread runs it.
+Work that is one call without threads (`shared`, `shared_rows`, the copies and column sums
+here) stays one call on one thread, with the same results.
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 
+from ..parallel import current_threads, run_blocks
 from ._util import F16, F32, f16_into, from_f16, jit_loops, jit_view, scratch, to_f16
 
-__all__ = ["BLOCK", "elem_blocks", "row_blocks", "as_f32", "store", "contiguous_rows"]
+__all__ = ["BLOCK", "elem_blocks", "row_blocks", "shared", "shared_rows", "each_range", "as_f32", "store",
+           "contiguous_rows", "column_sums", "binary_blocks", "copy_into"]
 
 BLOCK = 1 << 17      # elements per block: large enough that NumPy's per-call cost is small
 
@@ -42,24 +49,89 @@ def row_blocks(rows: int, row_len: int, block: int = 0) -> Iterator[Tuple[int, i
     return _ranges(rows, step)
 
 
+def shared(n: int) -> Iterable[Tuple[int, int]]:
+    """Element ranges of work that is one call on one thread: (0, n) there, `elem_blocks(n)`
+    for several threads (element-wise work: the same results either way)."""
+    return ((0, n),) if n <= BLOCK or current_threads() < 2 else elem_blocks(n)
+
+
+def shared_rows(rows: int, row_len: int) -> Iterable[Tuple[int, int]]:
+    """`shared` for whole rows: all of them on one thread, `row_blocks` for several."""
+    if rows * row_len <= BLOCK or current_threads() < 2:
+        return ((0, rows),)
+    return row_blocks(rows, row_len)
+
+
+def each_range(ranges: Iterable[Tuple[int, int]], body: Callable[[int, int], None]) -> None:
+    """`body(lo, hi)` for every range, on the op's threads (one range: here, directly). Each
+    body writes its own part of the output; scratch arrays are per thread (`_util.scratch`)."""
+    r = ranges if isinstance(ranges, tuple) else tuple(ranges)
+    if len(r) == 1:
+        body(*r[0])
+        return
+    run_blocks(len(r), lambda i: body(*r[i]))
+
+
 def as_f32(a: np.ndarray, tag: str) -> np.ndarray:
-    """`a` as float32: itself when it already is, else converted into scratch `tag`."""
+    """`a` as float32: itself when it already is, else converted into scratch `tag` (a large
+    contiguous float16 array in element blocks on the op's threads)."""
     if a.dtype == F32:
         return a
     buf = scratch(tag, a.size).reshape(a.shape)
     if a.dtype == F16:
-        f16_into(a, buf)
+        if a.size > BLOCK and a.flags.c_contiguous and current_threads() > 1:
+            fa, fb = a.reshape(-1), buf.reshape(-1)
+            each_range(elem_blocks(a.size), lambda lo, hi: f16_into(fa[lo:hi], fb[lo:hi]))
+        else:
+            f16_into(a, buf)
     else:
         buf[...] = a
     return buf
 
 
+def copy_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """`np.copyto(dst, src)` (same shapes), a large one in blocks of the leading axis on the
+    op's threads."""
+    n = dst.size
+    if (n <= BLOCK or dst.ndim == 0 or dst.shape[0] < 2 or src.shape != dst.shape
+            or current_threads() < 2):
+        np.copyto(dst, src)
+        return dst
+    each_range(row_blocks(dst.shape[0], n // dst.shape[0]),
+               lambda lo, hi: np.copyto(dst[lo:hi], src[lo:hi]))
+    return dst
+
+
+COLUMNS = 64          # column blocks of `column_sums` start at multiples of this
+
+
+def column_sums(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`np.sum(x, axis=0, out=out)` of a 2-D array, in column blocks on the op's threads:
+    NumPy adds the rows one after the other into each column (no pairwise tree across rows),
+    so a block of columns gets the bits it gets in the whole sum."""
+    n, c = x.shape
+    k = min(c // COLUMNS, (n * c) // BLOCK)
+    if k < 2 or current_threads() < 2:
+        return np.sum(x, axis=0, out=out)
+    units = c // COLUMNS
+    starts = [COLUMNS * (units * i // k) for i in range(k)]
+    ranges = tuple(zip(starts, starts[1:] + [c]))
+    each_range(ranges, lambda lo, hi: np.sum(x[:, lo:hi], axis=0, out=out[lo:hi]))
+    return out
+
+
 def store(res: np.ndarray, out: np.ndarray) -> None:
-    """Write a float32 block result into `out` (float16 rounded with the fast converter)."""
+    """Write a float32 block result into `out` (float16 rounded with the fast converter; a
+    large contiguous one in element blocks on the op's threads)."""
     if res is out:
         return
     if out.dtype == F16:
-        to_f16(res, out)
+        if (out.size > BLOCK and out.flags.c_contiguous and res.flags.c_contiguous
+                and current_threads() > 1):
+            fr, fo = res.reshape(-1), out.reshape(-1)
+            each_range(elem_blocks(out.size), lambda lo, hi: to_f16(fr[lo:hi], fo[lo:hi]))
+        else:
+            to_f16(res, out)
     else:
         out[...] = res
 
@@ -121,6 +193,8 @@ def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object
     if ka is None or kb is None or (ka != n and kb != n):
         return None
     k = min(ka, kb) or 1           # the row length: the smaller operand repeats every k
+    if ka == kb == n and out_shape:
+        k = out_shape[-1] or 1     # neither repeats: rows of the output (blocks of rows)
     rows = n // k if k else 0
     op = _JIT_OPS.get(ufunc)
 
@@ -131,12 +205,23 @@ def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object
             af = jit_view(np.ascontiguousarray(a).reshape(-1))
             bf = jit_view(np.ascontiguousarray(b).reshape(-1))
             of = jit_view(res.reshape(-1))
+
+            def rows_of(x: np.ndarray, whole: bool, r0: int, r1: int) -> np.ndarray:
+                return x[r0 * k:r1 * k] if whole else x
+
             if _same_buffer(of, af):
-                jit.binary_rows_into(op, of, bf, k, kb != n, True)
+                def block(r0: int, r1: int) -> None:
+                    jit.binary_rows_into(op, of[r0 * k:r1 * k], rows_of(bf, kb == n, r0, r1),
+                                         k, kb != n, True)
             elif _same_buffer(of, bf):
-                jit.binary_rows_into(op, of, af, k, ka != n, False)
+                def block(r0: int, r1: int) -> None:
+                    jit.binary_rows_into(op, of[r0 * k:r1 * k], rows_of(af, ka == n, r0, r1),
+                                         k, ka != n, False)
             else:
-                jit.binary_rows(op, af, bf, of, k, ka != n, kb != n)
+                def block(r0: int, r1: int) -> None:
+                    jit.binary_rows(op, rows_of(af, ka == n, r0, r1), rows_of(bf, kb == n, r0, r1),
+                                    of[r0 * k:r1 * k], k, ka != n, kb != n)
+            each_range(shared_rows(rows, k), block)
             return res
         a2 = np.ascontiguousarray(a).reshape(-1, ka if ka != n else k) if n else a
         b2 = np.ascontiguousarray(b).reshape(-1, kb if kb != n else k) if n else b
@@ -145,7 +230,8 @@ def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object
         if kb != n:
             b2 = as_f32(b2, "bin_b_row")
         o2 = res.reshape(rows, k)
-        for r0, r1 in row_blocks(rows, k):
+
+        def block(r0: int, r1: int) -> None:
             ab = a2[r0:r1] if ka == n else a2
             bb = b2[r0:r1] if kb == n else b2
             ab = as_f32(ab, "bin_a") if ka == n else ab
@@ -154,5 +240,39 @@ def binary_f32(ufunc, a_shape, b_shape, out_shape, out_dtype) -> Optional[object
             w = f32_work(o, "bin_w", o.size)
             ufunc(ab, bb, out=w)
             store(w, o)
+        each_range(row_blocks(rows, k), block)
         return res
+    return run
+
+
+def binary_blocks(ufunc, in_shapes, out_shape) -> object:
+    """`ufunc(a, b, out=out)` (operands and output of one dtype) in blocks of output rows on
+    the op's threads where the output is large; element-wise, so the bits are the whole call's.
+    Blocks split the output's first axis (an operand without that axis, or with extent 1 there,
+    is broadcast to every block), or the flat elements when every operand has the output's
+    shape."""
+    n = 1
+    for d in out_shape:
+        n *= d
+    if n <= BLOCK or not out_shape:
+        return ufunc
+    same = all(tuple(s) == tuple(out_shape) for s in in_shapes)
+    lead = out_shape[0]
+    split = [len(s) == len(out_shape) and s[0] == lead for s in in_shapes]
+    if not same and lead < 2:
+        return ufunc
+
+    def run(*arrays, out=None):
+        if out is None or not out.flags.c_contiguous or current_threads() < 2:
+            return ufunc(*arrays, out=out)
+        if same and all(x.flags.c_contiguous for x in arrays):
+            flats = [x.reshape(-1) for x in arrays]
+            of = out.reshape(-1)
+            each_range(elem_blocks(n), lambda lo, hi: ufunc(*[x[lo:hi] for x in flats],
+                                                            out=of[lo:hi]))
+            return out
+        each_range(row_blocks(lead, n // lead),
+                   lambda lo, hi: ufunc(*[x[lo:hi] if cut else x for x, cut in zip(arrays, split)],
+                                        out=out[lo:hi]))
+        return out
     return run

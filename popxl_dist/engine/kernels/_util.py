@@ -74,6 +74,11 @@ def jit_loops():
 _TLS = threading.local()
 
 
+def fp_checks_on() -> bool:
+    """Whether floating-point events raise in this thread (see `fp_events`)."""
+    return getattr(_TLS, "checks", False)
+
+
 @contextlib.contextmanager
 def fp_events(events: Dict[str, str]) -> Iterator[None]:
     """`np.errstate(**events)` for the kernels run inside, in this thread. Where an event raises

@@ -10,8 +10,8 @@ from typing import Callable
 
 import numpy as np
 
-from ._blocks import (as_f32, contiguous_rows, elem_blocks, f32_work, out_array, row_blocks,
-                      store)
+from ._blocks import (as_f32, contiguous_rows, each_range, elem_blocks, f32_work, out_array,
+                      row_blocks, store)
 from ._util import (F16, F32, from_f16, jit_loops, np_dtype, scratch, via_f32, without_out)
 from .registry import kernel
 
@@ -95,7 +95,8 @@ def _elementwise(block_fn: Callable, dt: np.dtype, shape, may_alias: bool = Fals
         flat_in = [a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
                    for a in arrays]
         flat_out = res.reshape(-1)
-        for lo, hi in elem_blocks(flat_out.size):
+
+        def block(lo: int, hi: int) -> None:
             blk = [as_f32(a[lo:hi], f"ew_in{i}") for i, a in enumerate(flat_in)]
             o = flat_out[lo:hi]
             work = f32_work(o, "ew_out", hi - lo)
@@ -103,6 +104,7 @@ def _elementwise(block_fn: Callable, dt: np.dtype, shape, may_alias: bool = Fals
                 work = scratch("ew_out", hi - lo)
             block_fn(*blk, work)
             store(work, o)
+        each_range(elem_blocks(flat_out.size), block)
         return res
     return run
 
@@ -200,12 +202,14 @@ def _rowwise(block_fn: Callable, fallback: Callable, axis: int, shape, dt: np.dt
             store(np.asarray(r, F32) if dt == F16 else r, res)
             return res
         rows_out = res.reshape(-1, row_len)
-        for r0, r1 in row_blocks(rows_out.shape[0], row_len):
+
+        def block(r0: int, r1: int) -> None:
             blk = [as_f32(a[r0:r1], f"row_in{i}") for i, a in enumerate(rows_in)]
             o = rows_out[r0:r1]
             work = f32_work(o, "row_out", o.size)
             block_fn(*blk, work)
             store(work, o)
+        each_range(row_blocks(rows_out.shape[0], row_len), block)
         return res
     return run
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from ._util import (F16, F32, blocks, cast, flat, from_f16, jit_loops, jit_view, np_dtype,
                     scalar, scratch, to_f16, ufunc_out, via_f32, without_out)
-from ._blocks import as_f32, binary_f32, store
+from ._blocks import as_f32, binary_blocks, binary_f32, each_range, shared, store
 from .registry import kernel
 
 
@@ -17,7 +17,10 @@ def _binary(ufunc):
             if all(np_dtype(i) in (F16, F32) for i in ins):
                 fn = binary_f32(ufunc, ins[0].shape, ins[1].shape, outs[0].shape, dt)
             return fn or without_out(via_f32(ufunc, dt))
-        return ufunc_out(ufunc, ins, outs)
+        fn = ufunc_out(ufunc, ins, outs)
+        if fn is ufunc:
+            return binary_blocks(ufunc, [i.shape for i in ins], outs[0].shape)
+        return fn
     return factory
 
 
@@ -114,16 +117,37 @@ def _scaled_add(attrs, ins, outs):
     calc, out, coeffs = _scaled_add_fn(attrs, ins)
     same = (ins[0].shape == ins[1].shape == outs[0].shape
             and np_dtype(outs[0]) == out and calc == out and np_dtype(ins[1]) == out)
+    mixed = (not same and ins[0].shape == ins[1].shape == outs[0].shape and calc == F32
+             and all(np_dtype(t) in (F16, F32) for t in (ins[0], ins[1], outs[0])))
 
     def run(x, y, *extra, out=None):
         a, b = coeffs(extra)
-        if same and out is not None:
-            np.multiply(x, calc.type(a), out=out)
-            of, yf = flat(out), flat(np.ascontiguousarray(y))
-            for lo, hi in blocks(of.size):
+        if mixed and out is not None and out.flags.c_contiguous:
+            # float16 somewhere: a * x + b * y in float32 block by block, rounded once
+            of, xf = flat(out), flat(np.ascontiguousarray(x))
+            yf = flat(np.ascontiguousarray(y))
+            ac, bc = calc.type(a), calc.type(b)
+
+            def block16(lo: int, hi: int) -> None:
+                r = scratch("sadd_r", hi - lo)
+                np.multiply(as_f32(xf[lo:hi], "sadd_x"), ac, out=r)
+                t = scratch("sadd_t", hi - lo)
+                np.multiply(as_f32(yf[lo:hi], "sadd_y"), bc, out=t)
+                r += t
+                store(r, of[lo:hi])
+            each_range(blocks(of.size), block16)
+            return out
+        if same and out is not None and out.flags.c_contiguous:
+            of, xf = flat(out), flat(np.ascontiguousarray(x))
+            yf = flat(np.ascontiguousarray(y))
+            ac, bc = calc.type(a), calc.type(b)
+
+            def block(lo: int, hi: int) -> None:
+                np.multiply(xf[lo:hi], ac, out=of[lo:hi])
                 yb = scratch("scaled_add_y", hi - lo, calc)
-                np.multiply(yf[lo:hi], calc.type(b), out=yb)
+                np.multiply(yf[lo:hi], bc, out=yb)
                 of[lo:hi] += yb
+            each_range(blocks(of.size), block)
             return out
         r = _in(x, calc) * calc.type(a)
         r += _in(y, calc) * calc.type(b)
@@ -152,25 +176,32 @@ def _scaled_add_inplace(attrs, ins, outs):
                 if y.dtype == out and y.shape == x.shape and x.flags.c_contiguous:
                     xf, yf = flat(x), flat(np.ascontiguousarray(y))
                     jit = jit_loops() if out == F32 and xf.size > 0 else None
-                    if jit is not None:
-                        jit.axpy(xf, yf, b)             # x += b * y, one compiled pass
+                    if jit is not None:                # x += b * y, one compiled pass
+                        each_range(shared(xf.size),
+                                   lambda lo, hi: jit.axpy(xf[lo:hi], yf[lo:hi], b))
                         return x
-                    for lo, hi in blocks(xf.size):     # x += b * y, in cache
+
+                    def block(lo: int, hi: int) -> None:   # x += b * y, in cache
                         yb = scratch("scaled_add_y", hi - lo, out)
                         np.multiply(b, yf[lo:hi], out=yb)
                         xf[lo:hi] += yb
+                    each_range(blocks(xf.size), block)
                 elif y.dtype == out:
                     x += b * y
                 elif y.dtype == F16 and x.flags.c_contiguous:
                     xf, yf = flat(x), flat(np.ascontiguousarray(y))
                     jit = jit_loops() if out == F32 and xf.size > 0 else None
                     if jit is not None and y.shape == x.shape:
-                        jit.axpy(xf, jit_view(yf), b)
+                        yj = jit_view(yf)
+                        each_range(shared(xf.size),
+                                   lambda lo, hi: jit.axpy(xf[lo:hi], yj[lo:hi], b))
                         return x
-                    for lo, hi in blocks(xf.size):     # float16 y: convert in cache
+
+                    def block16(lo: int, hi: int) -> None:   # float16 y: convert in cache
                         yc = from_f16(yf[lo:hi])
                         yc *= b
                         xf[lo:hi] += yc
+                    each_range(blocks(xf.size), block16)
                 else:
                     yc = _in(y, calc)
                     yc *= b
@@ -184,18 +215,23 @@ def _scaled_add_inplace(attrs, ins, outs):
                 and y.dtype in (F16, F32) and calc == F32):
             xf, yf = flat(x), flat(np.ascontiguousarray(y))
             jit = jit_loops() if xf.size > 0 else None
+            ac, bc = calc.type(a), calc.type(b)
             if jit is not None:                  # a * x + b * y, one compiled pass
-                jit.scaled_add(jit_view(xf), jit_view(yf), calc.type(a), calc.type(b))
+                xj, yj = jit_view(xf), jit_view(yf)
+                each_range(shared(xf.size),
+                           lambda lo, hi: jit.scaled_add(xj[lo:hi], yj[lo:hi], ac, bc))
                 return x
-            for lo, hi in blocks(xf.size):       # a * x + b * y, block by block
+
+            def block(lo: int, hi: int) -> None:      # a * x + b * y, block by block
                 xb = as_f32(xf[lo:hi], "sadd_x")
                 r = scratch("sadd_r", hi - lo)
-                np.multiply(xb, calc.type(a), out=r)
+                np.multiply(xb, ac, out=r)
                 yb = as_f32(yf[lo:hi], "sadd_y")
                 t = scratch("sadd_t", hi - lo)
-                np.multiply(yb, calc.type(b), out=t)
+                np.multiply(yb, bc, out=t)
                 r += t
                 store(r, xf[lo:hi])
+            each_range(blocks(xf.size), block)
             return x
         r = _in(x, calc) * calc.type(a)
         r += _in(y, calc) * calc.type(b)

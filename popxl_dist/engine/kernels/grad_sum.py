@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._blocks import as_f32, elem_blocks, store
+from ..parallel import current_threads
+from ._blocks import as_f32, each_range, elem_blocks, store
 from ._util import F16, F32, f16_into, np_dtype, scratch, to_f16, via_f32
 from .registry import kernel
 
@@ -21,7 +22,8 @@ def _sum(attrs, ins, outs):
             res = np.empty(first.shape, F16) if out is None else out
             of = res.reshape(-1)
             xs = [np.ascontiguousarray(x).reshape(-1) for x in (first, *rest)]
-            for lo, hi in elem_blocks(of.size):
+
+            def block(lo: int, hi: int) -> None:
                 o = of[lo:hi]
                 w = scratch("sum_w", hi - lo)
                 np.copyto(w, as_f32(xs[0][lo:hi], "sum_x"))
@@ -31,6 +33,7 @@ def _sum(attrs, ins, outs):
                     w += as_f32(x[lo:hi], "sum_x")
                     to_f16(w, o)
                     f16_into(o, w)
+            each_range(elem_blocks(of.size), block)
             return res
         return run16
 
@@ -38,6 +41,16 @@ def _sum(attrs, ins, outs):
         if out is not None and same:
             if not rest:
                 np.copyto(out, first)
+                return out
+            if out.flags.c_contiguous and current_threads() > 1:   # additions in blocks
+                of = out.reshape(-1)
+                xs = [np.ascontiguousarray(x).reshape(-1) for x in (first, *rest)]
+
+                def block(lo: int, hi: int) -> None:
+                    np.add(xs[0][lo:hi], xs[1][lo:hi], out=of[lo:hi])
+                    for x in xs[2:]:
+                        np.add(of[lo:hi], x[lo:hi], out=of[lo:hi])
+                each_range(elem_blocks(of.size), block)
                 return out
             np.add(first, rest[0], out=out)
             for x in rest[1:]:

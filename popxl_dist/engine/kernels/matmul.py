@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._blocks import as_f32
+from ._blocks import as_f32, store
+from ._matmul_blocks import matmul as blocked_matmul
 from ._util import F16, F32, cast, cast_into, np_dtype, scratch, to_f16, without_out
 from .registry import kernel
 
@@ -27,9 +28,12 @@ def _matmul(attrs, ins, outs, env=None):
             a32 = _operand_f32(a, "mm_a", gemm)
             b32 = _operand_f32(b, "mm_b", gemm)
             if out_dt == F32:
-                return np.matmul(a32, b32, out=out)
-            r = np.matmul(a32, b32, out=scratch("mm_r", n).reshape(shape))
-            return to_f16(r, out) if out is not None else to_f16(r)
+                return blocked_matmul(a32, b32, out)
+            r = blocked_matmul(a32, b32, scratch("mm_r", n).reshape(shape))
+            if out is None:
+                return to_f16(r)
+            store(r, out)                 # (a large result rounded in blocks on the op's threads)
+            return out
         out_dt = out
         if all(d in (F16, F32) for d in (a_dt, b_dt, out)):
             return run16
@@ -43,7 +47,7 @@ def _matmul(attrs, ins, outs, env=None):
         return without_out(lambda a, b: np.matmul(a, b).astype(out, copy=False))
     if out != a_dt or out != b_dt:
         return without_out(lambda a, b: np.matmul(a, b).astype(out))
-    return np.matmul
+    return blocked_matmul
 
 
 def _operand_f32(a: np.ndarray, tag: str, gemm: bool) -> np.ndarray:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._blocks import as_f32, f32_work, row_blocks, store
+from ._blocks import as_f32, column_sums, each_range, f32_work, row_blocks, store
 from ._util import (F16, F32, cast, f16_into, from_f16, jit_loops, np_dtype, scratch, to_f16,
                     without_out)
 from .registry import kernel
@@ -89,7 +89,8 @@ def _layer_norm_fused(shape, dt: np.dtype, eps):
         x = np.ascontiguousarray(x)
         w32 = as_f32(w, "ln_w").reshape(1, c)
         b32 = as_f32(b, "ln_b").reshape(1, c)
-        for r0, r1 in row_blocks(n, c):
+
+        def block(r0: int, r1: int) -> None:
             rows = r1 - r0
             xb = as_f32(x[r0:r1], "ln_x")
             m = scratch("ln_m", rows).reshape(rows, 1)
@@ -104,7 +105,7 @@ def _layer_norm_fused(shape, dt: np.dtype, eps):
                 store(yb, y[r0:r1])
                 store(m.reshape(-1), mean[r0:r1])
                 store(v.reshape(-1), inv[r0:r1])
-                continue
+                return
             sq = scratch("ln_sq", xb.size).reshape(xb.shape)
             _mean_rows(xb, m)
             np.subtract(xb, m, out=xc)
@@ -119,6 +120,7 @@ def _layer_norm_fused(shape, dt: np.dtype, eps):
             store(yb, y[r0:r1])
             store(m.reshape(-1), mean[r0:r1])
             store(v.reshape(-1), inv[r0:r1])
+        each_range(row_blocks(n, c), block)
         return y, mean, inv
     return run
 
@@ -135,7 +137,8 @@ def _layer_norm_grad_fused(shape, dt: np.dtype, out_dts):
         w32 = as_f32(w, "ln_w").reshape(1, c)
         dy32 = as_f32(dy, "lng_dy_full")                 # whole: db sums its columns
         prod = scratch("lng_prod", n * c).reshape(n, c)   # dy * xhat, whole: dw sums it
-        for r0, r1 in row_blocks(n, c):
+
+        def block(r0: int, r1: int) -> None:
             rows = r1 - r0
             xb = as_f32(x[r0:r1], "ln_x")
             mb = as_f32(mean[r0:r1], "ln_mb").reshape(rows, 1)
@@ -151,7 +154,7 @@ def _layer_norm_grad_fused(shape, dt: np.dtype, out_dts):
                                          prod[r0:r1].reshape(-1), dxh.reshape(-1),
                                          dxb.reshape(-1))
                 store(dxb, dx[r0:r1])
-                continue
+                return
             xh = scratch("ln_xc", xb.size).reshape(xb.shape)
             t = scratch("lng_t", xb.size).reshape(xb.shape)
             s = scratch("ln_m", rows).reshape(rows, 1)
@@ -167,8 +170,9 @@ def _layer_norm_grad_fused(shape, dt: np.dtype, out_dts):
             dxb -= t
             dxb *= ib
             store(dxb, dx[r0:r1])
-        dw = np.sum(prod, axis=(0,))
-        db = np.sum(dy32, axis=(0,))
+        each_range(row_blocks(n, c), block)
+        dw = column_sums(prod, np.empty(c, F32))
+        db = column_sums(dy32.reshape(n, c), np.empty(c, F32))
         return (dx, _into(dw, out_dts[0], None if out is None else out[1]),
                 _into(db, out_dts[1], None if out is None else out[2]))
     return run
@@ -349,38 +353,44 @@ def _nll_softmax_grad(attrs, ins, outs):
         in_out = dx_out is not None and dx_dt == F32 and dx_out.flags.c_contiguous
         if in_out:
             dx = dx_out.reshape(p.shape)
-            if p.dtype == F16:
-                f16_into(p, dx)
-            else:
-                np.copyto(dx, p)
         elif dx_dt == F16 or out is not None:          # a float32 work array, rounded below
             dx = scratch("nll_dx", p.size).reshape(p.shape)
-            if p.dtype == F16:
-                f16_into(p, dx)
-            else:
-                np.copyto(dx, p)
         else:
-            dx = from_f16(p) if p.dtype == F16 else p.copy()
-        picked = dx[rows, safe]
-        loss = -np.log(picked + np.float32(1e-7))
-        dx[rows, safe] -= 1
+            dx = np.empty(p.shape, F32 if p.dtype == F16 else p.dtype)
         if valid is not None:
-            loss = np.where(valid, loss, 0).astype(loss.dtype)
-            dx[~valid] = 0
             count = max(int(valid.sum()), 1)
         else:
             count = max(lab.shape[0], 1)
         g = np.float32(np.asarray(loss_grad).reshape(()))
+        scale = g / np.float32(count) if reduction == "mean" else g
+        picked = np.empty(lab.shape[0], dx.dtype)
+
+        def block(r0: int, r1: int) -> None:
+            """Rows r0..r1 of dx: the probabilities, their labels' entries picked (for the
+            loss) and lowered by 1, ignored rows zeroed, all scaled: row by row, the arithmetic
+            of the whole-array definition."""
+            d = dx[r0:r1]
+            if p.dtype == F16:
+                f16_into(p[r0:r1], d)
+            else:
+                np.copyto(d, p[r0:r1])
+            r = rows[: r1 - r0]
+            s = safe[r0:r1]
+            picked[r0:r1] = d[r, s]
+            d[r, s] -= 1
+            if valid is not None:
+                d[~valid[r0:r1]] = 0
+            d *= scale
+        each_range(row_blocks(p.shape[0], n_classes), block)
+        loss = -np.log(picked + np.float32(1e-7))
+        if valid is not None:
+            loss = np.where(valid, loss, 0).astype(loss.dtype)
         if reduction == "mean":
-            total = np.float32(loss.sum(dtype=F32) / count)
-            dx *= g / np.float32(count)
-            loss_out = np.asarray(total, dtype=loss_dt)
+            loss_out = np.asarray(np.float32(loss.sum(dtype=F32) / count), dtype=loss_dt)
         elif reduction == "sum":
             loss_out = np.asarray(loss.sum(dtype=F32), dtype=loss_dt)
-            dx *= g
         else:
             loss_out = loss.reshape(loss_shape).astype(loss_dt)
-            dx *= g
         if in_out:
             res = dx_out
         elif dx_out is not None:

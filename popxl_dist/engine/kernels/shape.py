@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel import current_threads
+from ._blocks import BLOCK, copy_into
 from ._scatter_add import scatter_add_rows
 from ._util import F16, F32, np_dtype, without_out
 from .registry import kernel
@@ -81,8 +83,7 @@ def _split(attrs, ins, outs):
             if o is None:
                 res.append(p.copy())
             else:
-                np.copyto(o, p)
-                res.append(o)
+                res.append(copy_into(o, p))
         return tuple(res)
     return run
 
@@ -94,7 +95,15 @@ def _concat_factory(attrs, ins, outs):
         return without_out(lambda *xs: np.concatenate(xs, axis=axis))
 
     def run(*xs, out=None):
-        return np.concatenate(xs, axis=axis, out=out)
+        if out is None or out.size <= BLOCK or current_threads() < 2:
+            return np.concatenate(xs, axis=axis, out=out)
+        lo = 0
+        ax = axis % out.ndim
+        for x in xs:                        # each part copied into its slice of the output
+            hi = lo + x.shape[ax]
+            copy_into(out[(slice(None),) * ax + (slice(lo, hi),)], x)
+            lo = hi
+        return out
     return run
 
 
@@ -374,7 +383,7 @@ def _reshape_factory(attrs, ins, outs):
             v.shape = shape
             return v
         except AttributeError:
-            np.copyto(out.reshape(x.shape), x)
+            copy_into(out.reshape(x.shape), x)
             return out
     return run
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._blocks import each_range, shared
 from ._scatter_add import scatter_add_rows
 from ._util import (F16, F32, blocks, cast, f16_into, flat, jit_loops, jit_view, np_dtype,
                     round_f16, scalar, scratch, to_f16)
@@ -120,11 +121,13 @@ def _accumulate_kernel(attrs, ins, outs):
                 return run(t, x, *extra)
             tf, xf = flat(t), flat(np.ascontiguousarray(x))
             jit = jit_loops() if tf.size > 0 else None
-            if jit is not None:                                      # one compiled pass
-                jit.moving_average(jit_view(tf), jit_view(xf), cdt.type(1) if a is None else a,
-                                   b, square, a is not None, round_x)
+            if jit is not None:                       # one compiled pass, in element blocks
+                tj, xj, av = jit_view(tf), jit_view(xf), cdt.type(1) if a is None else a
+                each_range(shared(tf.size), lambda lo, hi: jit.moving_average(
+                    tj[lo:hi], xj[lo:hi], av, b, square, a is not None, round_x))
                 return t
-            for lo, hi in blocks(tf.size):
+
+            def block(lo: int, hi: int) -> None:
                 n = hi - lo
                 xv = scratch("acc_x", n)
                 if x_dt == F16:
@@ -146,6 +149,7 @@ def _accumulate_kernel(attrs, ins, outs):
                     tv += xv
                 if tv is not tb:
                     to_f16(tv, tb)
+            each_range(blocks(tf.size), block)
             return t
         return run_blocks
 
@@ -254,13 +258,16 @@ def _updater_factory(attrs, ins, outs):
                 and (w_all is None or w_all.dtype in (F16, F32))):
             m_j, v_j, o_j = jit_view(m_all), jit_view(v_all), jit_view(out_f)
             if w_all is None:
-                jit.adam_update(m_j, v_j, o_j, dm, dv, eps)
+                each_range(shared(o_j.size), lambda lo, hi: jit.adam_update(
+                    m_j[lo:hi], v_j[lo:hi], o_j[lo:hi], dm, dv, eps))
             else:
-                jit.adam_update_wd(m_j, v_j, jit_view(w_all), o_j, dm, dv, eps, F32.type(wd))
+                w_j, wd32 = jit_view(w_all), F32.type(wd)
+                each_range(shared(o_j.size), lambda lo, hi: jit.adam_update_wd(
+                    m_j[lo:hi], v_j[lo:hi], w_j[lo:hi], o_j[lo:hi], dm, dv, eps, wd32))
             return res
         # m / dm / (sqrt(v / dv) + eps) + wd * w, block by block (the same operations as on
         # whole arrays: element-wise)
-        for lo, hi in blocks(out_f.size, True):
+        def block(lo: int, hi: int) -> None:
             n = hi - lo
             m = _f32_into(m_all[lo:hi], "adam_m") if fused else cast(m_all[lo:hi], calc)
             v = _f32_into(v_all[lo:hi], "adam_v") if fused else cast(v_all[lo:hi], calc)
@@ -287,6 +294,7 @@ def _updater_factory(attrs, ins, outs):
                     to_f16(x, o)
                 else:
                     o[...] = x if out_dt == calc else cast(x, out_dt)
+        each_range(blocks(out_f.size), block)
         return res
     return run
 

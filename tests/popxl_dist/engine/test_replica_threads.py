@@ -59,9 +59,9 @@ def test_failure_in_a_parallel_replica_names_it(monkeypatch):
 
 
 def test_thread_count_rule(monkeypatch):
-    monkeypatch.delenv("POPXL_REPLICA_THREADS", raising=False)
-    monkeypatch.delenv("MPI_LOCALNRANKS", raising=False)
-    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE", raising=False)
+    for v in ("POPXL_REPLICA_THREADS", "POPXL_THREADS", "POPXL_BLAS_THREADS", "MPI_LOCALNRANKS",
+              "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(v, raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert replica_threads(4, 1) == 4
     assert replica_threads(4, 2) == 4

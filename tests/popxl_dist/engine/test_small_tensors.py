@@ -7,7 +7,7 @@ import pytest
 
 import popxl
 from popxl._ir.records import TensorInfo, TensorKind
-from popxl.engine.kernels import _util, load_all
+from popxl.engine.kernels import load_all
 from popxl.engine.kernels.registry import KERNELS
 
 load_all()
@@ -42,17 +42,6 @@ def data(rows, dtype, seed, special=True, positive=False):
 
 def bits(a):
     return np.ascontiguousarray(a).view(np.uint8).tobytes()
-
-
-@pytest.fixture(params=["compiled", "numpy"])
-def loops(request):
-    if request.param == "compiled":
-        pytest.importorskip("numba")
-        _util.use_compiled_converters(None)
-    else:
-        _util.use_compiled_converters(False)
-    yield request.param
-    _util.use_compiled_converters(None)
 
 
 def run_small_and_big(op_type, attrs, arg_specs, n_outs=1, out_shapes=None, inplace=False):

@@ -1,5 +1,6 @@
-"""BLAS threads: one count per job (default 1), set by the runtime around every worker
-computation, the user's explicit settings respected, the host's own settings restored."""
+"""BLAS threads: always one inside a worker's computation (the runtime's own threads run the
+blocks: engine/parallel.py), set by the runtime around every worker computation whatever the
+user's BLAS variables say, the host's own settings restored."""
 import threading
 
 import numpy as np
@@ -17,20 +18,17 @@ threadpoolctl = pytest.importorskip("threadpoolctl")
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for v in blas.BLAS_VARS + ("POPXL_BLAS_THREADS",):
+    for v in blas.BLAS_VARS + ("POPXL_BLAS_THREADS", "POPXL_THREADS"):
         monkeypatch.delenv(v, raising=False)
     return monkeypatch
 
 
-def test_job_count_default_and_precedence(clean_env):
+def test_job_count_is_one_whatever_the_variables_say(clean_env):
     assert job_blas_threads() == 1
     clean_env.setenv("OPENBLAS_NUM_THREADS", "3")
-    assert job_blas_threads() is None              # the user's own setting, left as it is
-    clean_env.setenv("POPXL_BLAS_THREADS", "2")
-    assert job_blas_threads() == 2                 # ours wins
-    clean_env.setenv("POPXL_BLAS_THREADS", "zero")
-    with pytest.raises(ValueError, match="POPXL_BLAS_THREADS must be a positive int"):
-        job_blas_threads()
+    assert job_blas_threads() == 1                 # no longer changes what workers compute
+    clean_env.setenv("POPXL_THREADS", "2")
+    assert job_blas_threads() == 1                 # popxl's own threads, not BLAS's
 
 
 def _blas_counts():
@@ -88,7 +86,7 @@ def test_session_runs_with_the_job_count_and_restores_the_host(clean_env, worker
     Ray workers use)."""
     _record_kernel_registered()
     clean_env.setenv("POPXL_WORKERS", workers)
-    clean_env.setenv("POPXL_BLAS_THREADS", "1")
+    clean_env.setenv("OPENBLAS_NUM_THREADS", "2")        # the user's: not for the workers
     _SEEN.clear()
     ir = popxl.Ir(replication=2)
     with ir.main_graph:
@@ -107,14 +105,16 @@ def test_session_runs_with_the_job_count_and_restores_the_host(clean_env, worker
     assert all(all(c == 1 for c in counts) for counts in _SEEN)
 
 
-def test_ray_actor_environment_carries_the_job_count(clean_env):
+def test_ray_actor_environment_one_blas_thread_and_the_job_threads(clean_env):
     from popxl.runtime.ray_backend import _actor_env
 
     env = _actor_env()
-    assert env["POPXL_BLAS_THREADS"] == "1" and env["OPENBLAS_NUM_THREADS"] == "1"
+    assert env["OPENBLAS_NUM_THREADS"] == "1" and env["OMP_NUM_THREADS"] == "1"
+    assert "POPXL_THREADS" not in env              # each actor: its node's share of the cores
     clean_env.setenv("OMP_NUM_THREADS", "3")
+    clean_env.setenv("POPXL_THREADS", "4")
     env = _actor_env()
-    assert env.get("OMP_NUM_THREADS") == "3" and "POPXL_BLAS_THREADS" not in env
+    assert env["OMP_NUM_THREADS"] == "1" and env["POPXL_THREADS"] == "4"
 
 
 def test_missing_threadpoolctl_is_said_not_silent(monkeypatch):

@@ -1,0 +1,254 @@
+"""np.matmul computed in output blocks on the op's threads, with the single call's bits.
+
+A matrix product is split along M (row blocks) or N (column blocks), never along K, so every
+output element is a dot product over the whole of K, in BLAS's order, whichever thread computes
+it.
+
+Batched products (attention) split along their first batch axis longer than 1, in blocks that
+depend on the shapes only (one thread: the single call): NumPy calls BLAS once per batch item
+anyway, with the same arguments whatever the block, so the bits are the single call's by
+construction.
+
+A 2-D product is split into one block per thread (1 thread: the single call itself). Each BLAS
+call packs its operands afresh, so a split fixed by the shapes would cost a 1-thread run its
+re-packing: 8 to 16 fixed blocks measured +10-40% CPU time on the GPT benchmark's products
+(`docs/threads.md`). Instead every split is checked to give the bits of the single call: BLAS
+picks its kernel by the call's shape (OpenBLAS: a "small matrix" kernel, a "direct" kernel
+without K blocking, the packed kernel, matrix-vector kernels), and those kernels give different
+bits. The first product of each shape, layout and block count in a process is computed both
+ways on random operands of the same layout (BLAS single-threaded: `runtime/blas.py`); a split
+that differs is replaced by the next candidate (the other axis, then two blocks), and a product
+none of whose candidates match is not split. The same trial times both ways: a split whose
+blocks, shared by the threads, would not take at most `GAIN` of the single call's time (BLAS may
+take a slower path for the blocks) is not used either; that choice never changes the bits. So
+every 2-D product gives the bits of the single NumPy call, with any number of threads. The
+verdicts depend on the BLAS library and the CPU, as the bits already do. Measured with NumPy
+2.4's OpenBLAS 0.3.31 (SkylakeX kernels): the packed kernel keeps its bits under any split at
+multiples of 64 that stays on it; blocks that fall into the direct kernel (its tails) or the
+matrix-vector kernels (M or N = 1) do not.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ...runtime.blas import blas_threads
+from ..parallel import current_threads, run_blocks
+
+__all__ = ["matmul", "plan_2d", "plan_batched", "bounds", "ALIGN", "MIN_BLOCK_MACS",
+           "MAX_BLOCKS"]
+
+ALIGN = 64                # block starts: multiples of every BLAS micro-kernel's M / N unroll
+MIN_BLOCK_MACS = 1 << 22  # ~100 us of single-threaded SGEMM here: smaller blocks cost more than
+                          # they gain (waking and collecting the helper threads: ~50 us)
+MAX_BLOCKS = 64           # at most this many blocks of a batched product
+
+Bounds = Tuple[Tuple[int, int], ...]
+Plan = Tuple[int, Bounds]          # (axis: 0 rows / 1 columns, ((lo, hi), ...))
+
+_SPLIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def bounds(n: int, k: int) -> Bounds:
+    """`k` ranges covering n, each starting at a multiple of ALIGN (the last one takes the
+    remainder); needs n >= k * ALIGN."""
+    units = n // ALIGN
+    starts = [ALIGN * (units * i // k) for i in range(k)]
+    return tuple(zip(starts, starts[1:] + [n]))
+
+
+def _count(macs: int) -> int:
+    return int(min(MAX_BLOCKS, macs // MIN_BLOCK_MACS))
+
+
+def plan_2d(m: int, k: int, n: int, blocks: int) -> List[Plan]:
+    """The candidate splits of an (m, k) @ (k, n) product into at most `blocks` blocks, best
+    first: along the longer of M and N (the shorter operand is then the one BLAS re-packs per
+    block), then the other, then each with two blocks. Empty: too small to split."""
+    nb = min(blocks, _count(m * k * n))
+    if nb < 2:
+        return []
+    units = {0: m // ALIGN, 1: n // ALIGN}
+    dims = {0: m, 1: n}
+    order = (0, 1) if units[0] >= units[1] else (1, 0)
+    plans: List[Plan] = []
+    for count in (nb, 2):
+        for axis in order:
+            c = min(count, units[axis])
+            if c >= 2:
+                p = (axis, bounds(dims[axis], c))
+                if p not in plans:
+                    plans.append(p)
+    return plans
+
+
+def plan_batched(out_shape: Sequence[int], k: int) -> Optional[Tuple[int, Bounds]]:
+    """(axis, ranges) splitting a batched product's output along its first batch axis longer
+    than 1, or None."""
+    batch = out_shape[:-2]
+    axis = next((i for i, d in enumerate(batch) if d > 1), None)
+    if axis is None:
+        return None
+    macs = int(np.prod(out_shape, dtype=np.int64)) * k
+    nb = min(_count(macs), batch[axis])
+    if nb < 2:
+        return None
+    d = batch[axis]
+    starts = [d * i // nb for i in range(nb)]
+    return axis, tuple(zip(starts, starts[1:] + [d]))
+
+
+# --- running ---------------------------------------------------------------------------------
+def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """`np.matmul(a, b, out=out)` in blocks on the calling thread's op threads, with its bits."""
+    if current_threads() < 2:
+        return np.matmul(a, b, out=out)         # one thread: the single call, as before
+    if a.ndim == 2 and b.ndim == 2:
+        return _matmul_2d(a, b, out)
+    if a.ndim >= 2 and b.ndim >= 2 and (a.ndim > 2 or b.ndim > 2):
+        return _matmul_batched(a, b, out)
+    return np.matmul(a, b, out=out)
+
+
+def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    m, k = a.shape
+    n = b.shape[1]
+    dt = a.dtype
+    threads = current_threads()
+    if (dt not in _SPLIT_DTYPES or b.dtype != dt
+            or m * k * n < 2 * MIN_BLOCK_MACS
+            or (out is not None and (out.dtype != dt or not out.flags.c_contiguous))
+            or b.shape[0] != k):
+        return np.matmul(a, b, out=out)
+    la, lb = _layout(a), _layout(b)
+    if la is None or lb is None or (a.ctypes.data == b.ctypes.data and m == n):
+        return np.matmul(a, b, out=out)         # (NumPy's own A @ A.T path, or no BLAS)
+    plan = _verified_plan((dt.char, m, k, n, la, lb, threads))
+    if plan is None:
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((m, n), dt)
+    axis, ranges = plan
+    if axis == 0:
+        def block(i):
+            lo, hi = ranges[i]
+            np.matmul(a[lo:hi], b, out=out[lo:hi])
+    else:
+        def block(i):
+            lo, hi = ranges[i]
+            np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
+    run_blocks(len(ranges), block)
+    return out
+
+
+def _matmul_batched(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    plan = plan_batched(shape, a.shape[-1])
+    if plan is None or (out is not None and out.shape != shape):
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty(shape, np.result_type(a, b))
+    axis, ranges = plan
+    nd = len(shape)
+
+    def part(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        j = axis - (nd - x.ndim)              # the axis in x (broadcast from the left)
+        if j < 0 or x.shape[j] == 1:
+            return x
+        return x[(slice(None),) * j + (slice(lo, hi),)]
+
+    def block(i):
+        lo, hi = ranges[i]
+        np.matmul(part(a, lo, hi), part(b, lo, hi), out=out[(slice(None),) * axis
+                                                             + (slice(lo, hi),)])
+    run_blocks(len(ranges), block)
+    return out
+
+
+def _layout(x: np.ndarray) -> Optional[Tuple[str, int]]:
+    """('C', leading dimension) or ('F', leading dimension) as NumPy hands a 2-D operand to
+    BLAS (not transposed / transposed), None where NumPy does not use BLAS for it."""
+    sz = x.itemsize
+    r, c = x.shape
+    s0, s1 = x.strides
+    if s1 == sz and s0 % sz == 0 and s0 // sz >= c:
+        return "C", s0 // sz
+    if s0 == sz and s1 % sz == 0 and s1 // sz >= r:
+        return "F", s1 // sz
+    return None
+
+
+# --- the once-per-shape check ----------------------------------------------------------------
+_VERDICTS: Dict[tuple, Optional[Plan]] = {}
+_LOCK = threading.Lock()
+
+
+def _verified_plan(key: tuple) -> Optional[Plan]:
+    """The first candidate split of this product (dtype, m, k, n, layouts, at most how many
+    blocks) that gives the single call's bits on random operands, or None; decided once per
+    process."""
+    try:
+        return _VERDICTS[key]
+    except KeyError:
+        pass
+    char, m, k, n, la, lb, blocks = key
+    plans = plan_2d(m, k, n, blocks)
+    verdict = None
+    if plans:
+        rng = np.random.default_rng(m * 1000003 + k * 1009 + n)
+        dt = np.dtype(char)
+        a = _operand(rng, m, k, la, dt)
+        b = _operand(rng, k, n, lb, dt)
+        with blas_threads():                  # as in a worker, whoever asks
+            whole = np.matmul(a, b)
+            buf = np.empty_like(whole)
+            t_whole = _seconds(lambda: np.matmul(a, b, out=buf))
+            for plan in plans:
+                if _split(a, b, plan).tobytes() != whole.tobytes():
+                    continue                  # another BLAS kernel for the blocks: other bits
+                # Blocks can take a slower BLAS path than the whole product: keep the split
+                # only where its blocks, shared by the threads, beat the single call.
+                t_split = _seconds(lambda: _split(a, b, plan, buf))
+                if t_split / len(plan[1]) + DISPATCH_S < GAIN * t_whole:
+                    verdict = plan
+                    break
+    with _LOCK:
+        _VERDICTS[key] = verdict
+    return verdict
+
+
+DISPATCH_S = 60e-6        # waking the helper threads and collecting them, measured here
+GAIN = 0.8                # a split must promise at least 20% less wall time than one call
+
+
+def _seconds(fn, reps: int = 3) -> float:
+    """The shortest of `reps` timings of fn() (the first call warms caches and BLAS buffers)."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _operand(rng, rows: int, cols: int, layout: Tuple[str, int], dt) -> np.ndarray:
+    """A random (rows, cols) array with the given BLAS layout and leading dimension."""
+    kind, ld = layout
+    if kind == "C":
+        return rng.standard_normal((rows, ld)).astype(dt)[:, :cols]
+    return rng.standard_normal((cols, ld)).astype(dt)[:, :rows].T
+
+
+def _split(a: np.ndarray, b: np.ndarray, plan: Plan, out=None) -> np.ndarray:
+    out = np.empty((a.shape[0], b.shape[1]), a.dtype) if out is None else out
+    axis, ranges = plan
+    for lo, hi in ranges:
+        if axis == 0:
+            np.matmul(a[lo:hi], b, out=out[lo:hi])
+        else:
+            np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
+    return out
