@@ -13,6 +13,7 @@ from typing import Sequence
 __all__ = ["machine_line", "markdown_table"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START_LOAD = os.getloadavg()     # the scripts import this module first: the load they started in
 
 
 def _cpu() -> str:
@@ -32,17 +33,21 @@ def _commit() -> str:
                              capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
+        if out.returncode != 0 or not out.stdout.strip():
+            return "unknown (not a git checkout)"
         return out.stdout.strip() + ("+changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def machine_line() -> str:
-    """One line: date, CPU and cores, load average now, commit, the command that ran."""
+    """One line: date, CPU and cores, the load average when the script started (other work on the
+    machine) and now (the benchmark's own included), commit, the command that ran."""
     load = os.getloadavg()
     command = " ".join(["python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     return (f"{datetime.date.today().isoformat()}, {_cpu()}, {os.cpu_count()} CPUs, load "
-            f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end; commit {_commit()}; "
+            f"average {START_LOAD[0]:.2f} at the start, {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+            f"at the end; commit {_commit()}; "
             f"`{command}`")
 
 

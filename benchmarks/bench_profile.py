@@ -13,7 +13,7 @@ wall time is printed too); with `--reference-python PY`, the same workloads unde
 (e.g. a checkout from before the profiler: "off" must be no slower).
 
     python benchmarks/bench_profile.py --rounds 5
-    python benchmarks/bench_profile.py --reference-python /path/to/base/.venv/bin/python
+    python benchmarks/bench_profile.py --reference-python /path/to/base/.venv/bin/python --markdown
 
 Nothing here asserts on time; figures are only worth quoting on a quiet machine (the load
 average is printed at the start and the end).
@@ -34,6 +34,7 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from _report import machine_line, markdown_table  # noqa: E402
 from bench_debug import TRANSFORMER, _run as run_gpt  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "mnist.yaml")
@@ -68,6 +69,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--reference-python", default="")
     p.add_argument("--reference-script", default="",
                    help="that install's bench_transformer.py (default: this one)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = p.parse_args(argv)
     trace_dir = tempfile.mkdtemp(prefix="popxl-bench-profile-")
     contenders = {"off": (sys.executable, {}, TRANSFORMER)}
@@ -76,7 +78,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          args.reference_script or TRANSFORMER)
     contenders["POPXL_PROFILE=DIR"] = (sys.executable, {"POPXL_PROFILE": trace_dir},
                                        TRANSFORMER)
-    print("load average at the start: %.2f %.2f %.2f" % os.getloadavg())
+    print("load average at the start: %.2f %.2f %.2f" % os.getloadavg(), file=sys.stderr)
     job: Dict[str, List[dict]] = {n: [] for n in contenders}
     gpt: Dict[str, List[dict]] = {n: [] for n in contenders}
     for r in range(args.rounds):
@@ -88,18 +90,28 @@ def main(argv: Optional[List[str]] = None) -> int:
             if got:
                 gpt[name].append(got)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print("load average at the end: %.2f %.2f %.2f" % os.getloadavg())
+    print("load average at the end: %.2f %.2f %.2f" % os.getloadavg(), file=sys.stderr)
 
     def med(rows: List[dict], key: str) -> float:
         return statistics.median(x[key] for x in rows) if rows else float("nan")
 
     base_job, base_gpt = med(job["off"], "step_ms"), med(gpt["off"], "cpu_step_ms")
-    print(f"\n{'contender':<20} {'job step ms':>12} {'ratio':>6} {'job wall s':>10} "
-          f"{'GPT-' + args.size + ' CPU ms/step':>20} {'ratio':>6}")
+    head = ("contender", "main job: step ms", "vs off", "main job: wall s",
+            f"GPT {args.size}: CPU ms / step", "vs off")
+    rows = []
     for name in contenders:
         js, gs = med(job[name], "step_ms"), med(gpt[name], "cpu_step_ms")
-        print(f"{name:<20} {js:>12.2f} {js / base_job:>6.3f} {med(job[name], 'wall_s'):>10.1f} "
-              f"{gs:>20.2f} {gs / base_gpt:>6.3f}")
+        rows.append((name, f"{js:.2f}", f"{js / base_job:.2f}x", f"{med(job[name], 'wall_s'):.1f}",
+                     f"{gs:.2f}", f"{gs / base_gpt:.2f}x"))
+    if args.markdown:
+        print(f"Measured: {machine_line()}\n")
+        print(markdown_table(head, rows))
+        print(f"\nThe main job ({args.epochs} epochs) and GPT size {args.size} with 2 replicas in "
+              f"one process; medians of {args.rounds} rounds, each contender a fresh process.")
+    else:
+        widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+        for row in (head, *rows):
+            print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
     shutil.rmtree(trace_dir, ignore_errors=True)
     return 0
 

@@ -34,6 +34,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from _report import machine_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import popart, popdist, popxl  # noqa: E402,F401  (first: tests/popart and tests/popdist
@@ -77,9 +78,9 @@ def _sub_run(host, argv: List[str], env: Dict[str, str], timeout: float = 900) -
     recs = [json.loads(line[len(TAG):]) for line in res.stdout.splitlines()
             if line.startswith(TAG)]
     if res.returncode or not recs:
-        print(f"  !! {' '.join(argv[2:6])}...: exit {res.returncode}")
+        print(f"  !! {' '.join(argv[2:6])}...: exit {res.returncode}", file=sys.stderr)
         for line in (res.stdout + res.stderr).strip().splitlines()[-12:]:
-            print(f"     | {line}")
+            print(f"     | {line}", file=sys.stderr)
         return None
     return recs[0]
 
@@ -111,12 +112,12 @@ def _measure(sim, script: str, address: str, ray_env: Dict[str, str], quick: boo
                 if rec is None:
                     continue
                 if not rec["correct"]:
-                    print(f"  !! {backend}, {P} hosts: WRONG RESULT")
+                    print(f"  !! {backend}, {P} hosts: WRONG RESULT", file=sys.stderr)
                 empty = rec["empty_ms"]
                 out[(backend, P, delay)] = {int(n): max(statistics.median(v), 1e-3) / 1e3
                                             for n, v in rec["allreduce_ms"].items()}
                 print(f"  {backend:3s} {P} hosts, delay {delay * 1e3:2.0f} ms: done in "
-                      f"{time.monotonic() - t0:.0f} s (empty run {empty:.1f} ms)", flush=True)
+                      f"{time.monotonic() - t0:.0f} s (empty run {empty:.1f} ms)", file=sys.stderr)
     sim.shape()
     return out
 
@@ -144,7 +145,7 @@ def report(got: Dict[Key, Dict[int, float]], markdown: bool) -> None:
         for P in (2, 3):
             a, b = got.get((backend, P, 0.0)), got.get((backend, P, 0.02))
             if a and b:
-                print(f"  {backend}, {P} hosts: 20 ms delay costs "
+                print(f"{'-' if markdown else ' '} {backend}, {P} hosts: 20 ms delay costs "
                       + ", ".join(f"{_label(n)} x{b[n] / a[n]:.1f}" for n in SIZES))
     mrows = []
     for backend in ("mpi", "ray"):
@@ -177,12 +178,15 @@ def run_hosts_part(script: str, quick: bool = False, markdown: bool = False) -> 
     from hostjobs import clean_env, ray_token_env, start_ray_cluster
 
     print(f"bench_replication --hosts: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
-          f" (figures count only on a quiet machine: below 1)")
+          f" (figures count only on a quiet machine: below 1)", file=sys.stderr)
     base = os.environ.get("TMPDIR", "/tmp")
     with SimHosts(3, base) as sim:
         ray_env = ray_token_env()
         address = start_ray_cluster(sim.hosts, clean_env(**ray_env))
         got = _measure(sim, script, address, ray_env, quick)
+    if markdown:
+        print(f"Measured: {machine_line()}")
     report(got, markdown)
-    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if not markdown:
+        print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0

@@ -45,7 +45,7 @@ def _ignore_exit_notices() -> None:
 
 
 def main() -> int:
-    from popxl.runtime.mpi import launched_by_popxl_run, mpi_pool
+    from popxl.runtime.backends.mpi import launched_by_popxl_run, mpi_pool
 
     launched_by_popxl_run()
     pool = mpi_pool()

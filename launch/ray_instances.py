@@ -2,10 +2,11 @@
 running the whole script as one popdist instance (on a local Ray, or on the cluster at
 `POPXL_RAY_ADDRESS`).
 
-Before the script starts, this launcher and the actors build the job's links (`popxl.runtime.mesh`:
-shared memory on a node, sockets between nodes, every connection proven with a per-job token),
+Before the script starts, this launcher and the actors build the job's links
+(`popxl.runtime.transport.mesh`: shared memory on a node, sockets between nodes, every connection
+proven with a per-job token),
 passing the addresses and the token as Ray call arguments; the launcher is a member of that mesh.
-The instances run their collectives over those links (`popxl.runtime.instance_links`); each
+The instances run their collectives over those links (`popxl.runtime.instances.links`); each
 actor's stdout/stderr travel to the launcher on its link and are printed here, each line prefixed
 `[instance N] `. Ray supervises the actors: an actor that dies or ends with a failure is told to
 the other instances on the links. The exit code is the first failing instance's; a few seconds
@@ -70,10 +71,10 @@ class _InstanceActor:
 
     def __init__(self, index: int, size: int, job: str, token: bytes, timeout: float,
                  use_shm: bool, spans: bool):
-        from popxl.runtime.endpoint import Endpoint
-        from popxl.runtime.mesh import MeshMember, listen_address
-        from popxl.runtime.pipes import shm_supported
-        from popxl.runtime.ray_backend import _node_and_ip
+        from popxl.runtime.transport.endpoint import Endpoint
+        from popxl.runtime.transport.mesh import MeshMember, listen_address
+        from popxl.runtime.transport.pipes import shm_supported
+        from popxl.runtime.backends.ray import _node_and_ip
 
         node, ip = _node_and_ip()
         self.index, self.size = index, size
@@ -93,13 +94,13 @@ class _InstanceActor:
         self.mesh.attach()
 
     def run(self, target: str, args: List[str], cwd: str) -> int:
-        from popxl.runtime.instance_group import set_current_group
-        from popxl.runtime.instance_join import close_instance_group, fail_instance
-        from popxl.runtime.instance_links import LinkInstanceGroup, Uplink
+        from popxl.runtime.instances.group import set_current_group
+        from popxl.runtime.instances.join import close_instance_group, fail_instance
+        from popxl.runtime.instances.links import LinkInstanceGroup, Uplink
 
         from .scripts import run_script
 
-        from popxl.runtime.liveness import Watchdog
+        from popxl.runtime.process.liveness import Watchdog
 
         self.mesh.finish()
         host = self.endpoint.procs.get(self.size, ("?", 0))[0]
@@ -129,7 +130,7 @@ class _InstanceActor:
 def _launcher_lost(index: int, link, host: str) -> None:
     """End this instance's process if the launcher (on `host`) is unreachable (judged from
     the link's state alone: safe in a watchdog thread)."""
-    from popxl.runtime.liveness import exit_process
+    from popxl.runtime.process.liveness import exit_process
 
     if link.probe() and link.unreachable:
         exit_process(f"instance {index}: the launcher (popxl-run, on {host}) is unreachable")
@@ -139,7 +140,7 @@ class _ForwardOutput:
     """This process's fd 1 and 2 redirected into pipes whose contents go to the launcher."""
 
     def __init__(self, uplink):
-        from popxl.runtime.links import OUTPUT
+        from popxl.runtime.transport.links import OUTPUT
 
         from .output import pump
 
@@ -196,8 +197,8 @@ class _Relay:
             self._queue.put((origin, message))
 
     def _loop(self) -> None:
-        from popxl.runtime.links import FAILED
-        from popxl.runtime.polling import Backoff
+        from popxl.runtime.transport.links import FAILED
+        from popxl.runtime.process.polling import Backoff
 
         ep = self.ep
         backoff = Backoff()
@@ -234,8 +235,8 @@ class _Relay:
 
 
 def _instance_env(i: int, n: int, replicas: int) -> Dict[str, str]:
-    from popxl.runtime.instance_join import LINKS_ENV
-    from popxl.runtime.ray_backend import _actor_env
+    from popxl.runtime.instances.join import LINKS_ENV
+    from popxl.runtime.backends.ray import _actor_env
 
     local = replicas // n
     env = {k: v for k, v in os.environ.items()
@@ -258,12 +259,12 @@ def run_ray_instances(num_instances: int, num_replicas: int, target: str, args: 
     exit code (0 if all succeeded)."""
     import ray
 
-    from popxl.runtime.endpoint import Endpoint
+    from popxl.runtime.transport.endpoint import Endpoint
     from popxl.runtime.env import collective_timeout, ray_transport
-    from popxl.runtime.mesh import MeshMember, listen_address, new_token
-    from popxl.runtime.pipes import shm_supported, unlink_segments
-    from popxl.runtime.ray_backend import _node_and_ip
-    from popxl.runtime.ray_init import init_ray, spans_nodes
+    from popxl.runtime.transport.mesh import MeshMember, listen_address, new_token
+    from popxl.runtime.transport.pipes import shm_supported, unlink_segments
+    from popxl.runtime.backends.ray import _node_and_ip
+    from popxl.runtime.process.ray_init import init_ray, spans_nodes
 
     if num_replicas % num_instances:
         raise ValueError(f"--replicas {num_replicas} is not divisible by --instances "

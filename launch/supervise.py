@@ -9,7 +9,7 @@ whatever stops it:
   Ctrl-C) mpiexec gets SIGTERM, then it is killed.
 - SIGKILL: cannot be caught; mpiexec is started with a parent-death signal (SIGTERM, on Linux),
   and every rank watches the launcher named by `POPXL_LAUNCHER` and exits when it is gone
-  (`popxl.runtime.liveness`).
+  (`popxl.runtime.process.liveness`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Dict, Optional, Sequence
 
 __all__ = ["run_job", "launcher_ref", "die_with_parent", "kill_tree"]
 
-# Read by every rank (popxl.runtime.liveness.LAUNCHER_ENV; not imported: popxl-run starts
+# Read by every rank (popxl.runtime.process.liveness.LAUNCHER_ENV; not imported: popxl-run starts
 # without importing popxl).
 LAUNCHER_ENV = "POPXL_LAUNCHER"
 
@@ -44,7 +44,7 @@ class _Stop(Exception):
 
 def launcher_ref() -> str:
     """This process as `host:pid:start_time` (the format of
-    `popxl.runtime.liveness.ProcessRef`)."""
+    `popxl.runtime.process.liveness.ProcessRef`)."""
     try:
         with open(f"/proc/{os.getpid()}/stat") as f:
             start = int(f.read().rsplit(")", 1)[1].split()[19])
@@ -68,7 +68,8 @@ def die_with_parent(parent: int):
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL `proc` and every process it started (the job's ranks and their wrappers: a rank
     that is stopped or ignores signals would otherwise outlive the job)."""
-    from popxl.runtime.proc_tree import descendants   # here: the launchers start without popxl
+    # imported here: the launchers start without popxl
+    from popxl.runtime.process.proc_tree import descendants
     for pid in [*descendants(proc.pid), proc.pid]:
         try:
             os.kill(pid, signal.SIGKILL)

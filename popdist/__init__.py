@@ -136,6 +136,6 @@ def barrier() -> None:
     """popxl-dist extension (upstream popdist has none; programs use MPI's): wait until every
     instance gets here. Unlike `mpi4py.MPI.COMM_WORLD.Barrier()` it also spans Ray instances
     (`popxl-run --backend ray --instances N`), where each instance's MPI world is itself."""
-    from popxl.runtime.instance_join import barrier as _barrier
+    from popxl.runtime.instances.join import barrier as _barrier
 
     _barrier()

@@ -44,7 +44,7 @@ class Ir:
             placement = placement_from_popdist(self._pb_ir.getSessionOptions())
             self._data.replication_factor = placement.total
             if placement.multi:
-                from .runtime.instance_join import install_failure_hooks
+                from .runtime.instances.join import install_failure_hooks
 
                 self._data.instance = placement
                 install_failure_hooks()

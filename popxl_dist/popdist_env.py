@@ -5,7 +5,8 @@ Upstream's `Ir("popdist")` calls `popdist.popart.configureSessionOptions(opts)`,
 global replication factor, the global replica offset and the local replica count; this module does
 the same on the Ir's session-options shim and checks the result. With more than one instance
 (poprun, `mpirun -n N`, `popxl-run --instances N`) every instance runs the whole script and holds
-the contiguous block `[offset, offset + local)` of the global replicas (see `runtime/instances.py`).
+the contiguous block `[offset, offset + local)` of the global replicas (see
+`runtime/instances/runtime.py`).
 """
 from __future__ import annotations
 

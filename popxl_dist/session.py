@@ -570,7 +570,7 @@ class Session:
     def _copy_plan(self, other: "Session", ids: list):
         """`plan_copy` for these (source, destination) ids, kept for the next identical call
         (a job copies the same weights before every evaluation)."""
-        from .runtime.copy import plan_copy
+        from .runtime.backends.copy import plan_copy
 
         key = (weakref.ref(other._runtime), tuple(ids))
         cached = self._last_copy_plan

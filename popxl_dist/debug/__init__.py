@@ -26,4 +26,4 @@ def write_profile(print_table: bool = False) -> Optional[str]:
     from . import profile
 
     job = profile.current_job()
-    return job.finish(print_table=print_table) if job is not None else None
+    return profile.finish(job, print_table=print_table) if job is not None else None

@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING, List
 
 if TYPE_CHECKING:
-    from .profile import JobProfile, SessionProfile
+    from .profile_records import JobProfile, SessionProfile
 
 __all__ = ["profile_table", "session_table", "TOP_OPS"]
 

@@ -12,7 +12,7 @@ import json
 from typing import TYPE_CHECKING, Dict, Iterator
 
 if TYPE_CHECKING:
-    from .profile import JobProfile
+    from .profile_records import JobProfile
 
 __all__ = ["write_trace", "trace_events"]
 

@@ -248,7 +248,7 @@ class Worker:
                 ) -> None:
         """Copy variables into `dst`, another session's Worker on this same worker: `plan` is
         `[(source id, destination id, [(destination replica, source replica), ...])]` (see
-        `runtime.copy.plan_copy`). RTS variables are copied shard by shard."""
+        `runtime.backends.copy.plan_copy`). RTS variables are copied shard by shard."""
         s_first, d_first = self.replicas[0], dst.replicas[0]
         d_index = dst.program.state_index
         for s_tid, d_tid, pairs in plan:

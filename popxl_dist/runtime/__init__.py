@@ -35,26 +35,26 @@ def create_runtime(ir: IrData) -> Runtime:
 
 def _create_runtime(ir: IrData) -> Runtime:
     if ir.instance is not None:
-        from .instances import InstanceRuntime
+        from .instances.runtime import InstanceRuntime
 
         return InstanceRuntime(ir)
     name = backend_name()
     if name == "local":
         workers = worker_count(default=1)
         if workers == 1 or ir.replication_factor == 1:
-            from .local import LocalRuntime
+            from .backends.local import LocalRuntime
 
             return LocalRuntime(ir)
-        from .pool import PoolRuntime
-        from .threads import thread_pool
+        from .backends.pool import PoolRuntime
+        from .backends.threads import thread_pool
 
         return PoolRuntime(ir, thread_pool(workers))
     if name == "mpi":
-        from .mpi import mpi_pool
-        from .pool import PoolRuntime
+        from .backends.mpi import mpi_pool
+        from .backends.pool import PoolRuntime
 
         return PoolRuntime(ir, mpi_pool())
-    from .pool import PoolRuntime
-    from .ray_backend import ray_pool
+    from .backends.pool import PoolRuntime
+    from .backends.ray import ray_pool
 
     return PoolRuntime(ir, ray_pool(worker_count(default=2)))

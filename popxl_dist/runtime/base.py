@@ -132,7 +132,7 @@ class Runtime:
 
     def copy_to(self, other: "Runtime", plans: Sequence[list]) -> None:
         """Copy variables into `other` on the workers (`plans[w]` for worker w, made by
-        `runtime.copy.plan_copy`); only when `shares_workers_with(other)`."""
+        `runtime.backends.copy.plan_copy`); only when `shares_workers_with(other)`."""
         raise NotImplementedError(f"the {self.name} runtime cannot copy variables on its "
                                   f"workers")
 

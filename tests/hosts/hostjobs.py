@@ -153,7 +153,7 @@ def start_ray_cluster(hosts: Sequence[Host], env: Dict[str, str], cpus: int = 1,
 
 def ray_token_env() -> Dict[str, str]:
     """Token authentication on (one token for the whole cluster) where this Ray has it."""
-    from popxl.runtime.ray_init import has_token_auth
+    from popxl.runtime.process.ray_init import has_token_auth
 
     if not has_token_auth():
         return {}

@@ -4,7 +4,7 @@ that listener sent back to three connections, each closed by the listener or by 
 after a second:
 
   junk         random bytes, then an HTTP request line;
-  forged       a well-formed hello of the job's links (`popxl.runtime.mesh`: magic, member
+  forged       a well-formed hello of the job's links (`popxl.runtime.transport.mesh`: magic, member
                indices, nonce) with a made-up proof;
   wrong_token  the same hello proven with a token of the prober's own for a guessed job name.
 

@@ -9,7 +9,7 @@ import pytest
 import popxl
 from popxl import ops
 from popxl.engine.comm import Layout
-from popxl.runtime.instances import _check_instances, program_signature
+from popxl.runtime.instances.runtime import _check_instances, program_signature
 
 _VARS = ("POPDIST_NUM_TOTAL_REPLICAS", "POPDIST_NUM_LOCAL_REPLICAS", "POPDIST_REPLICA_INDEX_OFFSET",
          "POPDIST_NUM_INSTANCES", "POPDIST_INSTANCE_INDEX", "POPDIST_LOCAL_INSTANCE_INDEX",

@@ -165,7 +165,7 @@ def test_collective_timeout_on_worker_threads_names_op_replicas_and_silent_worke
     import time
 
     from popxl.errors import CollectiveTimeout
-    from popxl.runtime import threads
+    from popxl.runtime.backends import threads
 
     monkeypatch.setenv("POPXL_WORKERS", "2")
     monkeypatch.setenv("POPXL_COLLECTIVE_TIMEOUT", "0.3")

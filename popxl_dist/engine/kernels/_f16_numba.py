@@ -1,11 +1,12 @@
 """Optional compiled float16 <-> float32 converters (numba, the `fast` extra).
 
-NumPy has no vectorised float16 conversion: its cast is a scalar loop and `_util`'s NumPy
-converters take a dozen array passes. With numba installed, these loops compile to the CPU's own
-conversion instructions (x86 F16C, ARM FCVT): ~20x faster, with the same bits, which the first
-use checks against the NumPy converters before enabling them (every rounding case, subnormals,
-infinities and every NaN rule: NaN payloads are kept as NumPy keeps them). Without numba, or with
-`POPXL_NUMBA=0`, or if the check fails, the NumPy converters run; results do not depend on which.
+NumPy has no vectorised float16 conversion: its cast is a scalar loop and the NumPy converters
+(`_f16_numpy`, `_util`) take a dozen array passes. With numba installed, these loops compile to
+the CPU's own conversion instructions (x86 F16C, ARM FCVT): ~20x faster, with the same bits,
+which the first use checks against the NumPy converters before enabling them (every rounding
+case, subnormals, infinities and every NaN rule: NaN payloads are kept as NumPy keeps them).
+Without numba, or with `POPXL_NUMBA=0`, or if the check fails, the NumPy converters run; results
+do not depend on which.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def _compile() -> Tuple[Callable, Callable]:
 def _check(to16: Callable, from16: Callable) -> bool:
     """The compiled converters against the NumPy ones on every float16 and on float32 values
     covering each rounding case of every exponent, overflow, infinities and NaNs."""
-    from ._util import _F16_TO_F32, _f32_bits_to_f16
+    from ._f16_numpy import _F16_TO_F32, _f32_bits_to_f16
 
     h = np.arange(2 ** 16, dtype=np.uint16)
     f = np.empty(h.size, np.float32)

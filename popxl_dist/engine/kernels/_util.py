@@ -8,6 +8,7 @@ from typing import Callable, Dict, Iterator, Optional
 import numpy as np
 
 from ...dtypes import storage_numpy
+from ._f16_numpy import _F16_TO_F32, _f32_bits_to_f16
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -18,7 +19,6 @@ F32 = np.dtype(np.float32)
 # slower than casting others, and its float16->float32 cast normalises subnormals one bit at a
 # time. `to_f16` / `from_f16` give the same bits (NaN payloads included) without those paths:
 # float32 -> float16 with integer arithmetic, float16 -> float32 by table lookup.
-_F16_TO_F32 = np.arange(2 ** 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 _U32 = np.uint32
 
 
@@ -156,38 +156,6 @@ def _f32_chunk_to_f16(u: np.ndarray, out: np.ndarray) -> None:
     np.bitwise_and(s, _U32(0x8000), out=s)
     np.bitwise_or(m, s, out=m)
     np.copyto(out, m, casting="unsafe")
-
-
-def _f32_bits_to_f16(u: np.ndarray, out: np.ndarray) -> None:
-    a = u & _U32(0x7FFFFFFF)                     # |x| bits
-    h = (a >> _U32(13)) & _U32(1)                # normal range: round the 23-bit mantissa to
-    h += a                                       # 10 bits (half to even) and rebias the
-    h += _U32(0xFFF)                             # exponent 127 -> 15 (wraps below 2**-14,
-    h >>= _U32(13)                               # where the subnormal formula below applies)
-    h -= _U32(112 << 10)
-    big = a >= _U32(0x477FF000)                  # rounds to inf, or is inf / NaN (rare)
-    any_big = big.any()
-    sub = a < _U32(0x38800000)                   # |x| < 2**-14: float16 subnormal or zero
-    if sub.any():
-        # |x| + 0.5 rounds |x| to a multiple of 2**-24 (half to even); its mantissa bits are
-        # then the float16 subnormal bits. Select by arithmetic (np.where is slower).
-        if any_big:                              # (signalling NaNs would warn here)
-            with np.errstate(invalid="ignore"):
-                s = (a.view(np.float32) + np.float32(0.5)).view(_U32)
-        else:
-            s = (a.view(np.float32) + np.float32(0.5)).view(_U32)
-        s -= _U32(0x3F000000)
-        s -= h
-        s *= sub
-        h += s
-    if any_big:
-        nan = (_U32(0x7C00) + ((a & _U32(0x7FFFFF)) >> _U32(13))).astype(_U32)
-        nan[nan == 0x7C00] = 0x7C01              # keep a NaN a NaN (NumPy's payload rule)
-        h = np.where(big, np.where(a > _U32(0x7F800000), nan, _U32(0x7C00)), h)
-    sign = u >> _U32(16)
-    sign &= _U32(0x8000)
-    h |= sign
-    out[...] = h
 
 
 def round_f16(x: np.ndarray) -> np.ndarray:

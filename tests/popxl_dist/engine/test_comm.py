@@ -7,7 +7,7 @@ import pytest
 
 import popxl.engine.comm as comm_module
 from popxl.engine.comm import Communicator, Layout, cover
-from popxl.runtime.mailbox import Mailbox, MailboxTransport
+from popxl.runtime.transport.mailbox import Mailbox, MailboxTransport
 
 GROUPINGS = {  # R -> [(stride, group_size)]
     2: [(1, 2), (1, 1)],

@@ -67,7 +67,7 @@ def main() -> int:
     if ns.transport_stats:
         import json
 
-        from popxl.runtime.ray_backend import ray_pool
+        from popxl.runtime.backends.ray import ray_pool
 
         with open(ns.transport_stats, "w") as f:
             json.dump(ray_pool(int(os.environ["POPXL_WORKERS"])).transport_stats(), f)

@@ -100,11 +100,11 @@ def scenario_diverge() -> None:
 def _worker_pid(index: int) -> int:
     backend = os.environ.get("POPXL_BACKEND", "local")
     if backend == "mpi":
-        from popxl.runtime.mpi import mpi_pool
+        from popxl.runtime.backends.mpi import mpi_pool
 
         return mpi_pool().procs[index][1]
     if backend == "ray":
-        from popxl.runtime.ray_backend import ray_pool
+        from popxl.runtime.backends.ray import ray_pool
 
         return ray_pool(int(os.environ.get("POPXL_WORKERS", "2"))).pids[index]
     raise RuntimeError("the crash scenario needs worker processes (mpi or ray)")
@@ -163,7 +163,7 @@ def _long_loop_program(iterations: int):
 def _job_segments() -> str:
     if os.environ.get("POPXL_BACKEND") != "mpi":
         return ""
-    from popxl.runtime.mpi_segments import mpich_segments
+    from popxl.runtime.process.mpi_segments import mpich_segments
 
     return ",".join(mpich_segments())
 

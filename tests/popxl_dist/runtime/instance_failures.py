@@ -31,7 +31,7 @@ import numpy as np
 import popdist
 import popxl
 from popxl import ops
-from popxl.runtime.mpi_segments import mpich_segments
+from popxl.runtime.process.mpi_segments import mpich_segments
 
 INDEX = popdist.getInstanceIndex()
 

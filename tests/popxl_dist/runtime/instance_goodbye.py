@@ -17,7 +17,7 @@ import numpy as np
 import popdist
 
 from popxl.popdist_env import InstancePlacement
-from popxl.runtime.instance_join import instance_group
+from popxl.runtime.instances.join import instance_group
 
 N, TAG = 100_000, 7
 

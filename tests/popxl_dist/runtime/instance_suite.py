@@ -46,7 +46,7 @@ import popdist  # noqa: E402
 import popxl  # noqa: E402
 from popxl import ops  # noqa: E402
 from popxl.errors import InstanceFailed  # noqa: E402
-from popxl.runtime.instance_group import current_group  # noqa: E402
+from popxl.runtime.instances.group import current_group  # noqa: E402
 
 N = popdist.getNumInstances()
 INDEX = popdist.getInstanceIndex()

@@ -106,7 +106,7 @@ def test_session_runs_with_the_job_count_and_restores_the_host(clean_env, worker
 
 
 def test_ray_actor_environment_one_blas_thread_and_the_job_threads(clean_env):
-    from popxl.runtime.ray_backend import _actor_env
+    from popxl.runtime.backends.ray import _actor_env
 
     env = _actor_env()
     assert env["OPENBLAS_NUM_THREADS"] == "1" and env["OMP_NUM_THREADS"] == "1"

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from popxl.errors import CollectiveTimeout, InstanceFailed
-from popxl.runtime.endpoint import Endpoint
-from popxl.runtime.instance_links import LinkInstanceGroup, Uplink
-from popxl.runtime.links import FAILED, OUTPUT
-from popxl.runtime.mesh import MeshMember, listen_address, new_token
-from popxl.runtime.pipes import shm_supported, unlink_segments
-from popxl.runtime.polling import Backoff
+from popxl.runtime.transport.endpoint import Endpoint
+from popxl.runtime.instances.links import LinkInstanceGroup, Uplink
+from popxl.runtime.transport.links import FAILED, OUTPUT
+from popxl.runtime.transport.mesh import MeshMember, listen_address, new_token
+from popxl.runtime.transport.pipes import shm_supported, unlink_segments
+from popxl.runtime.process.polling import Backoff
 
 KINDS = [pytest.param("shm", marks=pytest.mark.skipif(not shm_supported(),
                                                       reason="no shared-memory rings")),

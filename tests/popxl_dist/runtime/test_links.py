@@ -12,9 +12,9 @@ import pytest
 
 from popxl.engine.comm import Communicator, Layout
 from popxl.errors import CollectiveTimeout, RunAborted, WorkerDied, WorkerError
-from popxl.runtime.endpoint import Endpoint, EndpointTransport, decode, encode
-from popxl.runtime.links import ABORT, CMD, DATA, Link
-from popxl.runtime.pipes import ShmRing, SocketPipe, shm_supported, unlink_segments
+from popxl.runtime.transport.endpoint import Endpoint, EndpointTransport, decode, encode
+from popxl.runtime.transport.links import ABORT, CMD, DATA, Link
+from popxl.runtime.transport.pipes import ShmRing, SocketPipe, shm_supported, unlink_segments
 
 needs_shm = pytest.mark.skipif(not shm_supported(), reason="no shared-memory rings here")
 

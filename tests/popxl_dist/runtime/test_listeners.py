@@ -146,7 +146,7 @@ def test_a_single_node_job_listens_on_the_loopback_only(cmd, request):
 def test_the_local_ray_refuses_a_client_without_the_jobs_token():
     """The rendezvous of the Ray backends is Ray itself (actor calls carry the links' addresses
     and token): an outsider that cannot talk to the GCS cannot forge any of it."""
-    script = ("import time, ray, popxl\nfrom popxl.runtime.ray_init import init_ray\n"
+    script = ("import time, ray, popxl\nfrom popxl.runtime.process.ray_init import init_ray\n"
               "init_ray(1)\nprint('gcs', ray.get_runtime_context().gcs_address, flush=True)\n"
               "time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,

@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from popxl.errors import WorkerDied
-from popxl.runtime.liveness import ProcessRef, Watchdog
-from popxl.runtime.mpi_segments import mpich_segments, unlink_mpich_segments
-from popxl.runtime.pool import WorkerPool
+from popxl.runtime.process.liveness import ProcessRef, Watchdog
+from popxl.runtime.process.mpi_segments import mpich_segments, unlink_mpich_segments
+from popxl.runtime.backends.pool import WorkerPool
 from popxl_launch.supervise import launcher_ref
 
 

@@ -14,12 +14,11 @@ import uuid
 
 import numpy as np
 import pytest
-
 from popxl.engine.comm import Communicator, Layout
-from popxl.runtime import mesh as mesh_mod
-from popxl.runtime.endpoint import Endpoint, EndpointTransport
-from popxl.runtime.mesh import HELLO, MeshMember, listen_address, new_token
-from popxl.runtime.pipes import SHM_DIR, ShmRing, shm_supported, unlink_segments
+from popxl.runtime.transport import mesh as mesh_mod
+from popxl.runtime.transport.endpoint import Endpoint, EndpointTransport
+from popxl.runtime.transport.mesh import HELLO, MeshMember, listen_address, new_token
+from popxl.runtime.transport.pipes import (SHM_DIR, ShmRing, shm_supported, unlink_segments)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUTSIDER = os.path.join(HERE, "outsider.py")

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from popxl.runtime.proc_tree import descendants
+from popxl.runtime.process.proc_tree import descendants
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
 

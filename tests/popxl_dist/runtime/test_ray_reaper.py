@@ -8,10 +8,8 @@ import sys
 import time
 import uuid
 
-import popxl.runtime as runtime
-from popxl.runtime.polling import process_alive, process_start_time
-
-REAPER = os.path.join(os.path.dirname(runtime.__file__), "ray_reaper.py")
+from popxl.runtime.backends.ray import REAPER_SCRIPT as REAPER
+from popxl.runtime.process.polling import process_alive, process_start_time
 
 
 def _job(tmp_prefix: str):

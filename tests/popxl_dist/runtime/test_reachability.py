@@ -14,11 +14,11 @@ import sys
 import pytest
 
 from popxl.errors import HostUnreachable, WorkerDied
-from popxl.runtime.endpoint import Endpoint
+from popxl.runtime.transport.endpoint import Endpoint
 from popxl.runtime.env import peer_timeout
-from popxl.runtime.links import Link
-from popxl.runtime.pipes import SocketPipe
-from popxl.runtime.reachability import host_unreachable, keep_alive, socket_error
+from popxl.runtime.transport.links import Link
+from popxl.runtime.transport.pipes import SocketPipe
+from popxl.runtime.transport.reachability import host_unreachable, keep_alive, socket_error
 from test_backends import HAVE_MPI
 
 
@@ -91,7 +91,7 @@ def test_peer_timeout_setting(monkeypatch, value, ok):
 HEARTBEATS = r"""
 import os, signal, sys, time
 from mpi4py import MPI
-from popxl.runtime.mpi_heartbeat import MPIHeartbeat
+from popxl.runtime.transport.mpi_heartbeat import MPIHeartbeat
 world = MPI.COMM_WORLD
 rank = world.Get_rank()
 pids = world.allgather(os.getpid())

@@ -20,7 +20,7 @@ import os
 import secrets
 from typing import Dict, Optional
 
-from .env import ray_address
+from ..env import ray_address
 from .ray_quiet import quiet_ray_start
 
 __all__ = ["init_ray", "spans_nodes", "has_token_auth", "LOOPBACK_ENV"]

@@ -8,7 +8,7 @@ connection whose peer has answered nothing (no probe, no data acknowledged) for
 does it). A peer process that dies on a reachable host is told at once instead (its kernel closes
 the connection). `socket_error` reads a socket's state without reading from it, so a watchdog
 thread can look at sockets that another thread uses. MPI jobs, whose sockets belong to MPI, send
-heartbeats over MPI instead (`mpi_heartbeat.py`).
+heartbeats over MPI instead (`mpi_heartbeat.py`, beside this module).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import socket
 import struct
 from typing import Dict, Iterable, Optional, Tuple
 
-from ..errors import HostUnreachable
+from ...errors import HostUnreachable
 
 __all__ = ["keep_alive", "socket_error", "is_unreachable", "host_unreachable", "hosts_of",
            "UNREACHABLE_ERRNOS"]

@@ -1,5 +1,5 @@
-"""Instances joined by the job's own links (`mesh.py`: shared-memory rings on one node, sockets
-between nodes, every connection proven with the job's token): the instance group of `popxl-run
+"""Instances joined by the job's own links (`transport/mesh.py`: shared-memory rings on one node,
+sockets between nodes, every connection proven with the job's token): the instance group of `popxl-run
 --backend ray --instances N`, whose instances are Ray actors with no MPI between them.
 
 The launcher builds the links before the script starts (passing addresses and the token as Ray
@@ -19,12 +19,12 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from ..errors import InstanceFailed, WorkerDied
-from .endpoint import Endpoint, EndpointTransport
-from .instance_group import ACK_GRACE, InstanceGroup
-from .links import BYE, FAILED, Link, Message
-from .pipes import SocketPipe
-from .polling import Backoff
+from ...errors import InstanceFailed, WorkerDied
+from ..process.polling import Backoff
+from ..transport.endpoint import Endpoint, EndpointTransport
+from ..transport.links import BYE, FAILED, Link, Message
+from ..transport.pipes import SocketPipe
+from .group import ACK_GRACE, InstanceGroup
 
 __all__ = ["LinkInstanceGroup", "Uplink"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pickle
 from typing import Callable, Iterable, Union
 
-from ..engine.flight import attach, merge_peers
-from ..errors import NonFiniteError, ReplicaDivergenceError
+from ...engine.flight import attach, merge_peers
+from ...errors import NonFiniteError, ReplicaDivergenceError
 
 __all__ = ["reported", "host_error", "flight_of", "with_flights", "message_of"]
 

@@ -23,12 +23,18 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, InstanceFailed, WorkerDied
-from .instance_group import ACK_GRACE, InstanceGroup, flush_stdio
-from .mpi import (MPITransport, _alive, _Backoff, broken_peers, returning_errors,
-                  spanning_heartbeat)
-from .reachability import host_unreachable
-from .mpi_segments import unlink_mpich_segments
+from ...errors import CollectiveTimeout, InstanceFailed, WorkerDied
+from ..backends.mpi import (
+    MPITransport,
+    _alive,
+    _Backoff,
+    broken_peers,
+    returning_errors,
+    spanning_heartbeat,
+)
+from ..process.mpi_segments import unlink_mpich_segments
+from ..transport.reachability import host_unreachable
+from .group import ACK_GRACE, InstanceGroup, flush_stdio
 
 __all__ = ["MPIInstanceGroup", "abort_before_first_session"]
 
@@ -150,7 +156,7 @@ class MPIInstanceGroup(InstanceGroup):
         # Every instance has attached MPICH's shared memory by now: unlinked, it goes with the
         # last process however the job ends (a killed or aborted job would leave it behind).
         unlink_mpich_segments()
-        # Across hosts, heartbeats tell a host that stopped answering (see mpi_heartbeat.py).
+        # Across hosts, heartbeats tell a host that stopped answering (transport/mpi_heartbeat.py).
         self.beat = spanning_heartbeat(world, self.procs)
         self._peer_signal_at = 0.0
         self._usr1 = threading.current_thread() is threading.main_thread() \

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from .env import peer_timeout as env_peer_timeout
+from ..env import peer_timeout as env_peer_timeout
 from .reachability import is_unreachable, keep_alive, socket_error
 
 __all__ = ["ShmRing", "SocketPipe", "shm_supported", "unlink_segments", "SHM_DIR"]

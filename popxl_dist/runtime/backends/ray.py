@@ -4,9 +4,9 @@ first use) or on the cluster at `POPXL_RAY_ADDRESS` / `RAY_ADDRESS`.
 
 Ray only places, starts and supervises the workers. Each actor runs one long-lived `serve()`
 call (its object reference is the liveness check); commands, replies and collective data go
-through the pool's own links (`mesh.py`): shared-memory rings between processes of one Ray node,
-TCP sockets between nodes, with one message protocol (`links.py`). Ray's per-call machinery
-(~1.5-2 ms a call here) is paid only at start-up.
+through the pool's own links (`transport/mesh.py`): shared-memory rings between processes of one
+Ray node, TCP sockets between nodes, with one message protocol (`transport/links.py`). Ray's
+per-call machinery (~1.5-2 ms a call here) is paid only at start-up.
 
 Failures: a worker that raises becomes a WorkerError naming it; a dead worker a WorkerDied
 within about a second, even while the driver computes its own replicas (a watchdog thread
@@ -26,20 +26,32 @@ import sys
 import time
 from typing import Any, List, Optional, Sequence
 
-from ..errors import CollectiveTimeout, WorkerDied, WorkerError
-from .cores import DEPRECATED_THREADS_VAR, set_local_workers
-from .endpoint import (ABORTED, DIED, ERROR, LIVENESS_PERIOD, Endpoint, EndpointTransport,
-                       Silence, decode, describe, encode, lost_error, serve)
-from .env import collective_timeout, ray_transport
-from .links import ABORT, BYE, CMD, FIN
-from .liveness import Watchdog, exit_process
-from .mesh import MeshMember, listen_address, new_token
-from .pipes import shm_supported, unlink_segments
-from .polling import Backoff, process_start_time, process_stopped
+from ...errors import CollectiveTimeout, WorkerDied, WorkerError
+from ..cores import DEPRECATED_THREADS_VAR, set_local_workers
+from ..env import collective_timeout, ray_transport
+from ..process.liveness import Watchdog, exit_process
+from ..process.polling import Backoff, process_start_time, process_stopped
+from ..process.proc_tree import descendants
+from ..process.ray_init import init_ray, spans_nodes
+from ..transport.endpoint import (
+    ABORTED,
+    DIED,
+    ERROR,
+    LIVENESS_PERIOD,
+    Endpoint,
+    EndpointTransport,
+    Silence,
+    decode,
+    describe,
+    encode,
+    lost_error,
+    serve,
+)
+from ..transport.links import ABORT, BYE, CMD, FIN
+from ..transport.mesh import MeshMember, listen_address, new_token
+from ..transport.pipes import shm_supported, unlink_segments
+from ..transport.reported import host_error, with_flights
 from .pool import WorkerPool
-from .proc_tree import descendants
-from .ray_init import init_ray, spans_nodes
-from .reported import host_error, with_flights
 from .service import WorkerService
 
 __all__ = ["RayPool", "ray_pool"]
@@ -49,6 +61,9 @@ _CLOSE_GRACE = 10.0      # seconds a session close or a shutdown waits for the w
 _SETUP_TIMEOUT = 180.0   # seconds for the actors to start and connect
 _FIN_DELAY = 0.05        # tell waiting workers who finished once a run takes this long
 _STATS = "__transport_stats__"
+# Run by path, not imported: it must outlive the driver without importing popxl.
+REAPER_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "process", "ray_reaper.py")
 
 
 def _actor_env() -> dict:
@@ -161,7 +176,7 @@ class _RayProcess:
             return
         self.started = True
         self.reaper = subprocess.Popen(
-            [sys.executable, os.path.join(os.path.dirname(__file__), "ray_reaper.py")],
+            [sys.executable, REAPER_SCRIPT],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             text=True)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, List, Optional, Sequence
 
-from ..errors import CollectiveTimeout, RunAborted, WorkerError
-from .env import collective_timeout
-from .mailbox import Mailbox, MailboxTransport
+from ...errors import CollectiveTimeout, RunAborted, WorkerError
+from ..blas import blas_threads
+from ..env import collective_timeout
+from ..transport.mailbox import Mailbox, MailboxTransport
+from ..transport.reported import flight_of, with_flights
 from .pool import WorkerPool
-from .blas import blas_threads
-from .reported import flight_of, with_flights
 from .service import WorkerService
 
 __all__ = ["ThreadPool", "thread_pool"]

@@ -17,12 +17,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._ir.records import IrData
-from ..engine.comm import Communicator, Layout
-from ..engine.executor import Worker
-from .blas import blas_threads
-from .base import InProcessDebugging, Runtime, emit_prints, host_value, needed_replicas
-from .instance_join import instance_group
+from ..._ir.records import IrData
+from ...engine.comm import Communicator, Layout
+from ...engine.executor import Worker
+from ..base import InProcessDebugging, Runtime, emit_prints, host_value, needed_replicas
+from ..blas import blas_threads
+from .join import instance_group
 
 __all__ = ["InstanceRuntime", "program_signature"]
 

@@ -7,11 +7,10 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from ..engine.comm import Layout, Transport
-from ..engine.comm import Communicator
-from ..engine.executor import Worker
-from .blas import blas_threads
-from .base import Printed
+from ...engine.comm import Communicator, Layout, Transport
+from ...engine.executor import Worker
+from ..base import Printed
+from ..blas import blas_threads
 
 __all__ = ["WorkerService"]
 

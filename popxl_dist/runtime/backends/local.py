@@ -6,10 +6,10 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .._ir.records import IrData
-from ..engine.executor import Worker
-from .blas import blas_threads
-from .base import InProcessDebugging, Runtime, emit_prints, host_value, needed_replicas
+from ..._ir.records import IrData
+from ...engine.executor import Worker
+from ..base import InProcessDebugging, Runtime, emit_prints, host_value, needed_replicas
+from ..blas import blas_threads
 
 __all__ = ["LocalRuntime"]
 

@@ -14,7 +14,7 @@ import atexit
 import os
 import sys
 
-from .instance_group import LOCK, InstanceGroup, current_group, flush_stdio, set_current_group
+from .group import LOCK, InstanceGroup, current_group, flush_stdio, set_current_group
 
 __all__ = ["instance_group", "barrier", "fail_instance", "close_instance_group",
            "install_failure_hooks", "LINKS_ENV"]
@@ -42,7 +42,7 @@ def instance_group(placement) -> InstanceGroup:
         if _on_links():
             raise RuntimeError(f"instance {placement.index}: the links between the Ray "
                                f"instances are closed (the script ended or failed)")
-        from .instance_mpi import MPIInstanceGroup
+        from .mpi import MPIInstanceGroup
 
         group = MPIInstanceGroup(placement.index, placement.num_instances)
         set_current_group(group)
@@ -55,7 +55,7 @@ def barrier() -> None:
     which under Ray instances spans one process."""
     import popdist
 
-    from ..popdist_env import InstancePlacement
+    from ...popdist_env import InstancePlacement
 
     if not popdist.isPopdistEnvSet() or popdist.getNumInstances() < 2:
         return
@@ -81,7 +81,7 @@ def fail_instance(exc: BaseException) -> None:
         if not group.fail(message, origin):
             group.abort(1)
     elif group is None and not _on_links():
-        from .instance_mpi import abort_before_first_session
+        from .mpi import abort_before_first_session
 
         abort_before_first_session()
 

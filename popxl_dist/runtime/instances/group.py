@@ -6,10 +6,10 @@ Every instance runs the whole script, so they create their popdist Sessions, run
 transfers in the same order: a per-process run counter names each of them identically everywhere,
 and every message carries it (a peer that sends data of another run or collective has diverged).
 
-Two kinds of group, each in its own module: over MPI (`instance_mpi.py`: poprun, `mpirun -n N`,
+Two kinds of group, each in its own module: over MPI (`mpi.py`: poprun, `mpirun -n N`,
 `popxl-run --backend mpi --instances N`) on communicators duplicated from `COMM_WORLD`; and over
-the job's authenticated links (`instance_links.py`: `popxl-run --backend ray --instances N`,
-built by the launcher before the script starts). `instance_join.py` picks one and installs the
+the job's authenticated links (`links.py`: `popxl-run --backend ray --instances N`,
+built by the launcher before the script starts). `join.py` picks one and installs the
 failure hooks. This module imports neither.
 
 Failure: an instance whose script fails tells the others (`fail`), which raise `InstanceFailed`
@@ -25,8 +25,8 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from ..engine.comm import Transport
-from .env import collective_timeout
+from ...engine.comm import Transport
+from ..env import collective_timeout
 
 __all__ = ["InstanceGroup", "current_group", "set_current_group", "flush_stdio", "ACK_GRACE"]
 

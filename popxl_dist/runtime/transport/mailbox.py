@@ -8,8 +8,8 @@ from typing import Callable, Dict, Hashable, Tuple
 
 import numpy as np
 
-from ..engine.comm import Transport
-from ..errors import CollectiveTimeout, RunAborted
+from ...engine.comm import Transport
+from ...errors import CollectiveTimeout, RunAborted
 
 __all__ = ["Mailbox", "MailboxTransport"]
 

@@ -21,17 +21,31 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..engine.comm import Transport
-from ..errors import (CollectiveTimeout, EngineError, HostUnreachable, RunAborted, WorkerDied,
-                      WorkerError)
-from .env import collective_timeout, peer_timeout, worker_count
-from .liveness import LAUNCHER_ENV, ProcessRef, Watchdog, exit_process
-from .mpi_heartbeat import MPIHeartbeat
-from .mpi_segments import unlink_mpich_segments
-from .polling import Backoff as _Backoff, process_alive as _alive, process_stopped
+from ...engine.comm import Transport
+from ...errors import (
+    CollectiveTimeout,
+    EngineError,
+    HostUnreachable,
+    RunAborted,
+    WorkerDied,
+    WorkerError,
+)
+from ..env import collective_timeout, peer_timeout, worker_count
+from ..process.liveness import LAUNCHER_ENV, ProcessRef, Watchdog, exit_process
+from ..process.mpi_segments import unlink_mpich_segments
+from ..process.polling import Backoff as _Backoff
+from ..process.polling import process_alive as _alive
+from ..process.polling import process_stopped
+from ..transport.mpi_heartbeat import MPIHeartbeat
+from ..transport.reachability import host_unreachable
+from ..transport.reported import (
+    flight_of,
+    host_error,
+    message_of,
+    reported,
+    with_flights,
+)
 from .pool import WorkerPool
-from .reachability import host_unreachable
-from .reported import flight_of, host_error, message_of, reported, with_flights
 from .service import WorkerService
 
 __all__ = ["MPIPool", "mpi_pool", "launched_by_popxl_run", "spanning_heartbeat",
@@ -156,7 +170,7 @@ class MPIPool(WorkerPool):
         # Every rank has attached MPICH's shared memory by now (MPI_Init is done everywhere):
         # unlinked, it goes with the last process however the job ends.
         unlink_mpich_segments()
-        # Across hosts, heartbeats tell a host that stopped answering (see mpi_heartbeat.py).
+        # Across hosts, heartbeats tell a host that stopped answering (transport/mpi_heartbeat.py).
         self.beat = spanning_heartbeat(world, self.procs)
         self._peer_signal_at = 0.0
         self._last_stop_check = 0.0

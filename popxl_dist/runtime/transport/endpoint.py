@@ -19,11 +19,17 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 
 import numpy as np
 
-from ..engine.comm import Transport
-from ..errors import CollectiveTimeout, HostUnreachable, RunAborted, WorkerDied, WorkerError
-from .env import peer_timeout
+from ...engine.comm import Transport
+from ...errors import (
+    CollectiveTimeout,
+    HostUnreachable,
+    RunAborted,
+    WorkerDied,
+    WorkerError,
+)
+from ..env import peer_timeout
+from ..process.polling import Backoff, process_alive
 from .links import ABORT, BYE, CMD, DATA, FAILED, FIN, OUTPUT, REPLY, Link, Message
-from .polling import Backoff, process_alive
 from .reachability import host_unreachable, hosts_of
 from .reported import flight_of, message_of, reported
 

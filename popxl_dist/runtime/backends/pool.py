@@ -8,12 +8,12 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .._ir.records import IrData
-from ..engine.comm import Layout
-from ..engine.compile import stream_slots
-from ..errors import WorkerDied
-from .base import Runtime, host_value, needed_replicas, unwrap_printed
-from .reported import with_flights
+from ..._ir.records import IrData
+from ...engine.comm import Layout
+from ...engine.compile import stream_slots
+from ...errors import WorkerDied
+from ..base import Runtime, host_value, needed_replicas, unwrap_printed
+from ..transport.reported import with_flights
 
 __all__ = ["WorkerPool", "PoolRuntime"]
 

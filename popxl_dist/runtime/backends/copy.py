@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .._ir.records import IrData
+from ..._ir.records import IrData
 
 __all__ = ["CopyPlan", "plan_copy"]
 
