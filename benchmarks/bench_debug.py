@@ -3,8 +3,8 @@
 Workload: the GPT training step of `bench_transformer.py` (size a by default) with 2 replicas in
 one process (their gradient all-reduce exercises the collectives and the flight recorder). Each
 contender runs in a fresh process, the contenders alternate round by round, figures are medians
-over rounds: CPU ms per step, Session creation (IR build + Session: the replica-consistency pass
-runs there) and peak RSS.
+over rounds: CPU ms per step (every contender on one thread), Session creation (IR build +
+Session: the replica-consistency pass runs there) and peak RSS.
 
 Contenders: `off` (no option), each option alone (`POPXL_DEBUG_NANS`, `POPXL_CHECK_REPLICAS`,
 `POPXL_RECORD`), all of them, and, with `--reference-python PY`, the same workload under
@@ -34,11 +34,16 @@ TRANSFORMER = os.path.join(HERE, "bench_transformer.py")
 TAG = "BENCH_JSON "
 DEBUG_VARS = ("POPXL_DEBUG_NANS", "POPXL_CHECK_REPLICAS", "POPXL_RECORD",
               "POPXL_FLIGHT_RECORDER")
+# Every contender computes on one thread: CPU time is then comparable with an install from before
+# the intra-op threads (more threads spend more CPU time for less wall time).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "POPXL_THREADS": "1"}
 
 
 def _run(python: str, env_extra: Dict[str, str], size: str, steps: int,
          script: str) -> Optional[dict]:
     env = {k: v for k, v in os.environ.items() if k not in DEBUG_VARS}
+    env.update(ONE_THREAD)
     env.update(env_extra)
     cmd = [python, script, "--run", "popxl", "--size", size, "--replicas", "2"]
     if steps:
@@ -100,8 +105,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.markdown:
         print(f"Measured: {machine_line()}\n")
         print(markdown_table(head, rows))
-        print(f"\nGPT size {args.size}, 2 replicas in one process, medians of {args.rounds} "
-              f"rounds, each contender a fresh process.")
+        print(f"\nGPT size {args.size}, 2 replicas in one process on one thread, medians of "
+              f"{args.rounds} rounds, each contender a fresh process.")
         return 0
     else:
         widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
