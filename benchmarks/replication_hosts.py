@@ -141,6 +141,8 @@ def report(got: Dict[Key, Dict[int, float]], markdown: bool) -> None:
                     [f"{t[n] * 1e3:.2f} ms ({n / t[n] / 1e9:.2f} GB/s)" for n in SIZES])
     print("\nmilliseconds per all-reduce (and the array's bytes / time), median of rounds:\n")
     print(_table(rows, head, markdown))
+    if markdown:
+        print()
     for backend in ("mpi", "ray"):
         for P in (2, 3):
             a, b = got.get((backend, P, 0.0)), got.get((backend, P, 0.02))
