@@ -141,14 +141,7 @@ class _Analysis:
         if var is None:
             return
         self.state[var] = value
-        need = self.required.get(var)
-        if need is not None and not coarser_or_equal(value.part, need):
-            if update:
-                self.culprit[var] = op
-                self.scratch.discard(var)
-            else:
-                self.culprit.pop(var, None)
-                self.scratch.add(var)
+        self._check(var, value, op, update)
 
     def stored(self, buffer: int, value: Value, op: Op) -> None:
         old = self.buffers.get(buffer, Value(self.same))
@@ -158,14 +151,19 @@ class _Analysis:
             self._buffers_changed += 1
         update = bool(value.deps & self.buffer_bit.get(buffer, 0))
         for var in self.buffer_vars.get(buffer, ()):
-            need = self.required.get(var)
-            if need is not None and not coarser_or_equal(value.part, need):
-                if update:
-                    self.culprit[var] = op
-                    self.scratch.discard(var)
-                else:
-                    self.culprit.pop(var, None)
-                    self.scratch.add(var)
+            self._check(var, value, op, update)
+
+    def _check(self, var: str, value: Value, op: Op, update: bool) -> None:
+        """`var` now holds `value`: an update from values that differ where they must not is a
+        culprit; a plain store of such values makes the variable scratch space."""
+        need = self.required.get(var)
+        if need is not None and not coarser_or_equal(value.part, need):
+            if update:
+                self.culprit[var] = op
+                self.scratch.discard(var)
+            else:
+                self.culprit.pop(var, None)
+                self.scratch.add(var)
 
     def divergences(self) -> List[Divergence]:
         """The variables that can differ where they must agree at the end of a run (a
