@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -182,6 +183,8 @@ def run_hosts_part(script: str, quick: bool = False, markdown: bool = False) -> 
     print(f"bench_replication --hosts: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
           f" (figures count only on a quiet machine: below 1)", file=sys.stderr)
     base = os.environ.get("TMPDIR", "/tmp")
+    # A SIGTERM unwinds through the `with` below, so the hosts and their processes go with us.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with SimHosts(3, base) as sim:
         ray_env = ray_token_env()
         address = start_ray_cluster(sim.hosts, clean_env(**ray_env))
