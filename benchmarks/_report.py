@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Sequence
 
-__all__ = ["machine_line", "markdown_table"]
+__all__ = ["machine_line", "markdown_table", "text_table"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_LOAD = os.getloadavg()     # the scripts import this module first: the load they started in
@@ -55,3 +55,11 @@ def markdown_table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def text_table(head: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> str:
+    """The same table as aligned plain text, for the terminal."""
+    cells = [[str(c) for c in row] for row in (head, *rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    return "\n".join(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+                     for row in cells)

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from _report import machine_line, markdown_table
+from _report import machine_line, markdown_table, text_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRANSFORMER = os.path.join(HERE, "bench_transformer.py")
@@ -108,12 +108,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"\nGPT size {args.size}, 2 replicas in one process on one thread, medians of "
               f"{args.rounds} rounds, each contender a fresh process.")
         return 0
-    else:
-        widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
-        for row in (head, *rows):
-            print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
-    print(f"GPT size {args.size}, 2 replicas in one process, medians of {args.rounds} rounds; "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
+    print(text_table(head, rows))
+    print(f"GPT size {args.size}, 2 replicas in one process on one thread, medians of "
+          f"{args.rounds} rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+          f"at the end")
     return 0
 
 

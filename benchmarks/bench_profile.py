@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _report import machine_line, markdown_table  # noqa: E402
+from _report import machine_line, markdown_table, text_table  # noqa: E402
 from bench_debug import TRANSFORMER, _run as run_gpt  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "mnist.yaml")
@@ -114,9 +114,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"with 2 replicas in one process on one thread; medians of {args.rounds} rounds, "
               f"each contender a fresh process.")
     else:
-        widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
-        for row in (head, *rows):
-            print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+        print(text_table(head, rows))
     shutil.rmtree(trace_dir, ignore_errors=True)
     return 0
 

@@ -612,7 +612,8 @@ def part_wall(args, torch_ok: bool) -> None:
             for name in (names if rnd % 2 == 0 else names[::-1]):
                 recs[name].append(launch_default(name, size, steps, None))
         p = recs["popxl"]
-        line = f"size {size}: popxl {med(p, 'wall_step_ms'):.1f} ms/step (CPU {med(p, 'cpu_step_ms'):.1f})"
+        line = (f"size {size}: popxl {med(p, 'wall_step_ms'):.1f} ms/step "
+                f"(CPU {med(p, 'cpu_step_ms'):.1f})")
         if torch_ok:
             t = recs["torch"]
             ratios = [a["wall_step_ms"] / b["wall_step_ms"] for a, b in zip(p, t)]

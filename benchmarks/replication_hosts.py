@@ -35,7 +35,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from _report import machine_line
+from _report import machine_line, markdown_table, text_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import popart, popdist, popxl  # noqa: E402,F401  (first: tests/popart and tests/popdist
@@ -124,13 +124,7 @@ def _measure(sim, script: str, address: str, ray_env: Dict[str, str], quick: boo
 
 
 def _table(rows: List[List[str]], head: List[str], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-                     for r in [head, *rows])
+    return markdown_table(head, rows) if markdown else text_table(head, rows, indent="  ")
 
 
 def report(got: Dict[Key, Dict[int, float]], markdown: bool) -> None:

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
+from .._env import positive_int
+
 __all__ = ["DebugOptions", "FLIGHT_RECORDER_DEFAULT_SIZE"]
 
 FLIGHT_RECORDER_DEFAULT_SIZE = 64
@@ -28,19 +30,6 @@ def _flag(name: str) -> bool:
 def _directory(name: str) -> Optional[str]:
     value = os.environ.get(name, "").strip()
     return os.path.abspath(value) if value else None
-
-
-def _size(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be a positive int, got {value!r}") from None
-    if n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n}")
-    return n
 
 
 @dataclass(frozen=True)
@@ -85,8 +74,8 @@ class DebugOptions:
                    check_replicas=_flag("POPXL_CHECK_REPLICAS"),
                    record_dir=_directory("POPXL_RECORD"),
                    flight_dir=_directory("POPXL_FLIGHT_RECORDER"),
-                   flight_size=_size("POPXL_FLIGHT_RECORDER_SIZE",
-                                     FLIGHT_RECORDER_DEFAULT_SIZE),
+                   flight_size=(positive_int("POPXL_FLIGHT_RECORDER_SIZE")
+                                or FLIGHT_RECORDER_DEFAULT_SIZE),
                    session_tag=session_tag, profile_dir=_directory("POPXL_PROFILE"))
 
     @property

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+
+from .._env import positive_int
 
 __all__ = ["backend_name", "positive_int", "worker_count", "collective_timeout", "peer_timeout",
            "ray_address", "ray_transport", "BACKENDS"]
@@ -15,20 +16,6 @@ def backend_name() -> str:
     if name not in BACKENDS:
         raise ValueError(f"POPXL_BACKEND must be one of {BACKENDS}, got {name!r}")
     return name
-
-
-def positive_int(name: str) -> Optional[int]:
-    """Environment variable `name` as a positive int, None when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be a positive int, got {value!r}") from None
-    if n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n}")
-    return n
 
 
 def worker_count(default: int = 1) -> int:
