@@ -102,22 +102,12 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     return dst
 
 
-COLUMNS = 64          # column blocks of `column_sums` start at multiples of this
-
-
 def column_sums(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """`np.sum(x, axis=0, out=out)` of a 2-D array, in column blocks on the op's threads:
-    NumPy adds the rows one after the other into each column (no pairwise tree across rows),
-    so a block of columns gets the bits it gets in the whole sum."""
-    n, c = x.shape
-    k = min(c // COLUMNS, (n * c) // BLOCK)
-    if k < 2 or current_threads() < 2:
-        return np.sum(x, axis=0, out=out)
-    units = c // COLUMNS
-    starts = [COLUMNS * (units * i // k) for i in range(k)]
-    ranges = tuple(zip(starts, starts[1:] + [c]))
-    each_range(ranges, lambda lo, hi: np.sum(x[:, lo:hi], axis=0, out=out[lo:hi]))
-    return out
+    """`np.sum(x, axis=0, out=out)` of a 2-D array, on one thread: the sum is bound by memory
+    bandwidth, and NumPy's sums of column blocks measured 1.5-9x slower than the whole sum on
+    two threads. (A compiled loop was 1.2-2x faster but gives other NaN sign bits: LLVM may
+    swap the operands of an add.)"""
+    return np.sum(x, axis=0, out=out)
 
 
 def store(res: np.ndarray, out: np.ndarray) -> None:

@@ -17,12 +17,13 @@ picks its kernel by the call's shape (OpenBLAS: a "small matrix" kernel, a "dire
 without K blocking, the packed kernel, matrix-vector kernels), and those kernels give different
 bits. The first product of each shape, layout and block count in a process is computed both
 ways on random operands of the same layout (BLAS single-threaded: `runtime/blas.py`); a split
-that differs is replaced by the next candidate (the other axis, then two blocks), and a product
-none of whose candidates match is not split. The same trial times both ways: a split whose
-blocks, shared by the threads, would not take at most `GAIN` of the single call's time (BLAS may
-take a slower path for the blocks) is not used either; that choice never changes the bits. So
-every 2-D product gives the bits of the single NumPy call, with any number of threads. The
-verdicts depend on the BLAS library and the CPU, as the bits already do. Measured with NumPy
+that differs is dropped, and a product none of whose candidates (either axis, as many blocks as
+threads, then two) match is not split. The same trial times the single call and each matching
+split as it runs, on the op's threads: the fastest split is used if it takes at most `GAIN` of
+the single call's wall time (splitting along M or N can differ by 1.5x: which operand each
+block re-packs, and the memory bandwidth the threads share), else none; that choice never
+changes the bits. So every 2-D product gives the bits of the single NumPy call, with any
+number of threads. The verdicts depend on the BLAS library and the CPU, as the bits already do. Measured with NumPy
 2.4's OpenBLAS 0.3.31 (SkylakeX kernels): the packed kernel keeps its bits under any split at
 multiples of 64 that stays on it; blocks that fall into the direct kernel (its tails) or the
 matrix-vector kernels (M or N = 1) do not.
@@ -65,9 +66,9 @@ def _count(macs: int) -> int:
 
 
 def plan_2d(m: int, k: int, n: int, blocks: int) -> List[Plan]:
-    """The candidate splits of an (m, k) @ (k, n) product into at most `blocks` blocks, best
-    first: along the longer of M and N (the shorter operand is then the one BLAS re-packs per
-    block), then the other, then each with two blocks. Empty: too small to split."""
+    """The candidate splits of an (m, k) @ (k, n) product into at most `blocks` blocks: along
+    the longer of M and N, then the other, then each with two blocks (the trial of
+    `_verified_plan` times every one that keeps the bits). Empty: too small to split."""
     nb = min(blocks, _count(m * k * n))
     if nb < 2:
         return []
@@ -103,7 +104,10 @@ def plan_batched(out_shape: Sequence[int], k: int) -> Optional[Tuple[int, Bounds
 
 # --- running ---------------------------------------------------------------------------------
 def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
-    """`np.matmul(a, b, out=out)` in blocks on the calling thread's op threads, with its bits."""
+    """`np.matmul(a, b, out=out)` in blocks on the calling thread's op threads, with its bits
+    (a few rows times a transposed matrix: the bits of `swapped`)."""
+    if a.ndim == 2 and b.ndim == 2 and swapped(a, b):
+        return _matmul_swapped(a, b, out)
     if current_threads() < 2:
         return np.matmul(a, b, out=out)         # one thread: the single call, as before
     if a.ndim == 2 and b.ndim == 2:
@@ -111,6 +115,32 @@ def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np
     if a.ndim >= 2 and b.ndim >= 2 and (a.ndim > 2 or b.ndim > 2):
         return _matmul_batched(a, b, out)
     return np.matmul(a, b, out=out)
+
+
+SWAP_ROWS = (2, 32)       # a product of this many rows by a transposed matrix runs swapped
+SWAP_MIN_MACS = 1 << 19   # (smaller products: OpenBLAS's small-matrix kernels are fast as is)
+
+
+def swapped(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether `a @ b` is computed as `(b.T @ a.T).T`: a few rows of C-contiguous `a` times
+    `b`, the transpose of a C-contiguous matrix (`dy @ w.T`, the input gradient of a linear
+    layer at a small batch). OpenBLAS takes 2x as long for that layout (NumPy 2.4's 0.3.31,
+    SkylakeX kernels, M = 2-32 rows: 1.4-2.2x; measured in `docs/threads.md`). The choice
+    depends on the shapes and layouts only, so the bits are the same with any number of
+    threads; they are those of the swapped product, not of `np.matmul(a, b)`."""
+    m, k = a.shape
+    n = b.shape[1]
+    return (SWAP_ROWS[0] <= m <= SWAP_ROWS[1] and m * k * n >= SWAP_MIN_MACS
+            and a.dtype in _SPLIT_DTYPES and b.dtype == a.dtype and b.shape[0] == k
+            and _layout(a) == ("C", k) and _layout(b) == ("F", k))
+
+
+def _matmul_swapped(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    t = matmul(b.T, a.T)                      # (n, m), in blocks of its rows on several threads
+    if out is None:
+        return np.ascontiguousarray(t.T)
+    np.copyto(out, t.T)
+    return out
 
 
 def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
@@ -187,9 +217,9 @@ _LOCK = threading.Lock()
 
 
 def _verified_plan(key: tuple) -> Optional[Plan]:
-    """The first candidate split of this product (dtype, m, k, n, layouts, at most how many
-    blocks) that gives the single call's bits on random operands, or None; decided once per
-    process."""
+    """The fastest candidate split of this product (dtype, m, k, n, layouts, at most how many
+    blocks) among those that give the single call's bits on random operands, or None; decided
+    once per process."""
     try:
         return _VERDICTS[key]
     except KeyError:
@@ -205,23 +235,22 @@ def _verified_plan(key: tuple) -> Optional[Plan]:
         with blas_threads():                  # as in a worker, whoever asks
             whole = np.matmul(a, b)
             buf = np.empty_like(whole)
-            t_whole = _seconds(lambda: np.matmul(a, b, out=buf))
+            best = GAIN * _seconds(lambda: np.matmul(a, b, out=buf))
             for plan in plans:
                 if _split(a, b, plan).tobytes() != whole.tobytes():
                     continue                  # another BLAS kernel for the blocks: other bits
-                # Blocks can take a slower BLAS path than the whole product: keep the split
-                # only where its blocks, shared by the threads, beat the single call.
-                t_split = _seconds(lambda: _split(a, b, plan, buf))
-                if t_split / len(plan[1]) + DISPATCH_S < GAIN * t_whole:
-                    verdict = plan
-                    break
+                # The split as it runs (blocks on the op's threads, sharing caches and memory
+                # bandwidth): kept only where it beats the single call by GAIN, and the fastest
+                # of the candidates is kept (their bits are all the single call's).
+                t_split = _seconds(lambda: _run_split(a, b, plan, buf))
+                if t_split < best:
+                    verdict, best = plan, t_split
     with _LOCK:
         _VERDICTS[key] = verdict
     return verdict
 
 
-DISPATCH_S = 60e-6        # waking the helper threads and collecting them, measured here
-GAIN = 0.8                # a split must promise at least 20% less wall time than one call
+GAIN = 0.8                # a split must take at most this much of one call's wall time
 
 
 def _seconds(fn, reps: int = 3) -> float:
@@ -241,6 +270,17 @@ def _operand(rng, rows: int, cols: int, layout: Tuple[str, int], dt) -> np.ndarr
     if kind == "C":
         return rng.standard_normal((rows, ld)).astype(dt)[:, :cols]
     return rng.standard_normal((cols, ld)).astype(dt)[:, :rows].T
+
+
+def _run_split(a: np.ndarray, b: np.ndarray, plan: Plan, out: np.ndarray) -> None:
+    """The split product on the op's threads, as `_matmul_2d` runs it."""
+    axis, ranges = plan
+    if axis == 0:
+        run_blocks(len(ranges), lambda i: np.matmul(a[ranges[i][0]:ranges[i][1]], b,
+                                                    out=out[ranges[i][0]:ranges[i][1]]))
+    else:
+        run_blocks(len(ranges), lambda i: np.matmul(a, b[:, ranges[i][0]:ranges[i][1]],
+                                                    out=out[:, ranges[i][0]:ranges[i][1]]))
 
 
 def _split(a: np.ndarray, b: np.ndarray, plan: Plan, out=None) -> np.ndarray:

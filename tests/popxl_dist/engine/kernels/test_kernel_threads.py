@@ -1,6 +1,6 @@
 """Kernels give the same bits on 1 thread and on several, with NumPy's passes and with the
 compiled loops, float32 and float16: their blocks depend on the shapes only (element blocks,
-whole rows, column blocks of column sums), and on several threads the blocks really run in
+whole rows), and on several threads the blocks really run in
 parallel. (Each kernel's bits against its NumPy definition: test_fused_kernels.py.)"""
 import numpy as np
 import pytest
@@ -101,7 +101,9 @@ def test_same_bits_on_one_thread_and_three_and_really_parallel(dt, loops, monkey
         one = run(op, attrs, ins, outs, with_out, 1)
         del parallel_calls[:]
         three = run(op, attrs, ins, outs, with_out, 3)
-        assert any(n >= 2 for n in parallel_calls), f"{op}: no blocks ran in parallel {parallel_calls}"
+        if not (op == "ReduceSum" and dt == F32):      # (memory-bound: one thread, see
+            assert any(n >= 2 for n in parallel_calls), (   # `_blocks.column_sums`)
+                f"{op}: no blocks ran in parallel {parallel_calls}")
         for a, b in zip(one, three):
             assert a.dtype == b.dtype and a.shape == b.shape
             assert a.tobytes() == b.tobytes(), f"{op} {dt}: bits differ on 3 threads"
@@ -109,8 +111,10 @@ def test_same_bits_on_one_thread_and_three_and_really_parallel(dt, loops, monkey
 
 def test_column_sums_equal_numpys_sum_over_rows():
     rng = np.random.default_rng(0)
-    for n, c in [(1000, 128), (1024, 768), (300, 1000), (4096, 129), (257, 4096)]:
+    for n, c in [(1000, 128), (1024, 768), (300, 1000), (4096, 129), (257, 4096), (1, 70),
+                 (5, 3)]:
         x = (rng.standard_normal((n, c)) * 1e3).astype(np.float32)
+        x[:, 0] = -0.0                   # NumPy's sum starts from +0: -0.0 sums to +0.0
         want = np.sum(x, axis=0)
         for t in (1, 2, 5):
             with parallel.threads(t):
