@@ -23,10 +23,13 @@ split as it runs, on the op's threads: the fastest split is used if it takes at 
 the single call's wall time (splitting along M or N can differ by 1.5x: which operand each
 block re-packs, and the memory bandwidth the threads share), else none; that choice never
 changes the bits. So every 2-D product gives the bits of the single NumPy call, with any
-number of threads. The verdicts depend on the BLAS library and the CPU, as the bits already do. Measured with NumPy
-2.4's OpenBLAS 0.3.31 (SkylakeX kernels): the packed kernel keeps its bits under any split at
-multiples of 64 that stays on it; blocks that fall into the direct kernel (its tails) or the
-matrix-vector kernels (M or N = 1) do not.
+number of threads. The verdicts depend on the BLAS library and the CPU, as the bits already
+do. Measured with NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels): the packed kernel keeps
+its bits under any split at multiples of 64 that stays on it; blocks that fall into the direct
+kernel (its tails) or the matrix-vector kernels (M or N = 1) do not.
+
+Products of a few rows by a transposed matrix run swapped (`swapped`), with the swapped
+product's bits.
 """
 from __future__ import annotations
 
@@ -108,6 +111,10 @@ def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np
     (a few rows times a transposed matrix: the bits of `swapped`)."""
     if a.ndim == 2 and b.ndim == 2 and swapped(a, b):
         return _matmul_swapped(a, b, out)
+    return _matmul(a, b, out)
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
     if current_threads() < 2:
         return np.matmul(a, b, out=out)         # one thread: the single call, as before
     if a.ndim == 2 and b.ndim == 2:
@@ -123,20 +130,20 @@ SWAP_MIN_MACS = 1 << 19   # (smaller products: OpenBLAS's small-matrix kernels a
 
 def swapped(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether `a @ b` is computed as `(b.T @ a.T).T`: a few rows of C-contiguous `a` times
-    `b`, the transpose of a C-contiguous matrix (`dy @ w.T`, the input gradient of a linear
-    layer at a small batch). OpenBLAS takes 2x as long for that layout (NumPy 2.4's 0.3.31,
-    SkylakeX kernels, M = 2-32 rows: 1.4-2.2x; measured in `docs/threads.md`). The choice
+    `b`, the transpose of a C-contiguous matrix of more rows (`dy @ w.T`, the input gradient of
+    a linear layer at a small batch). OpenBLAS takes 1.4-2.2x as long for that layout (NumPy
+    2.4's 0.3.31, SkylakeX kernels, 2-32 rows; measured in `docs/threads.md`). The choice
     depends on the shapes and layouts only, so the bits are the same with any number of
     threads; they are those of the swapped product, not of `np.matmul(a, b)`."""
     m, k = a.shape
     n = b.shape[1]
-    return (SWAP_ROWS[0] <= m <= SWAP_ROWS[1] and m * k * n >= SWAP_MIN_MACS
+    return (SWAP_ROWS[0] <= m <= SWAP_ROWS[1] < n and m * k * n >= SWAP_MIN_MACS
             and a.dtype in _SPLIT_DTYPES and b.dtype == a.dtype and b.shape[0] == k
             and _layout(a) == ("C", k) and _layout(b) == ("F", k))
 
 
 def _matmul_swapped(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
-    t = matmul(b.T, a.T)                      # (n, m), in blocks of its rows on several threads
+    t = _matmul(b.T, a.T, None)               # (n, m), in blocks of its rows on several threads
     if out is None:
         return np.ascontiguousarray(t.T)
     np.copyto(out, t.T)

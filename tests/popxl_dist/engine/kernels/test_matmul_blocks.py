@@ -77,6 +77,11 @@ def test_only_a_few_rows_times_a_transpose_are_swapped():
     assert not mb.swapped(operand(1, 512, "C"), operand(512, 784, "F"))     # matrix-vector
     assert not mb.swapped(operand(4, 64, "C"), operand(64, 64, "F"))        # small
     assert not mb.swapped(operand(8, 512, "C", np.float16), operand(512, 784, "F", np.float16))
+    # few rows on both sides: not swapped (the swapped product would qualify again)
+    a, b = operand(16, 4096, "C"), operand(4096, 16, "F")
+    assert not mb.swapped(a, b) and not mb.swapped(b.T, a.T)
+    with blas_threads(), threads(2):
+        assert mb.matmul(a, b).tobytes() == np.matmul(a, b).tobytes()
 
 
 def test_float64_and_integer_products():
