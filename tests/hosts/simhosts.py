@@ -72,7 +72,8 @@ exec sleep """ + str(HOST_LIFETIME)
 # The ssh stand-in (`SimHosts.ssh`); its far end, run in the host, is ssh-remote.sh.
 _SSH = """#!/bin/sh
 # ssh [options] HOST COMMAND...: COMMAND run by `sh -c` in simulated host HOST, in a login
-# environment (as ssh gives: no variable of the caller's), in HOME. The simulated hosts' ssh.
+# environment (as ssh gives: no variable of the caller's, no signal ignored even where the
+# caller runs in the background or under nohup), in HOME. The simulated hosts' ssh.
 while [ $# -gt 0 ]; do
   case "$1" in
     -[bcDEeFIiJLlmOopQRSWw]) shift 2;;
@@ -85,7 +86,7 @@ case "$host" in
 {cases}
   *) echo "ssh: Could not resolve hostname $host: Name or service not known" >&2; exit 255;;
 esac
-exec nsenter -t $pid -n -u -m --wd="${{HOME:-/}}" -- env -i HOME="${{HOME:-/}}" \\
+exec nsenter -t $pid -n -u -m --wd="${{HOME:-/}}" -- env -i --default-signal HOME="${{HOME:-/}}" \\
   USER="${{USER:-root}}" LOGNAME="${{USER:-root}}" SHELL=/bin/sh PATH={path} \\
   {remote} "$*"
 """
