@@ -101,8 +101,9 @@ def test_same_bits_on_one_thread_and_three_and_really_parallel(dt, loops, monkey
         one = run(op, attrs, ins, outs, with_out, 1)
         del parallel_calls[:]
         three = run(op, attrs, ins, outs, with_out, 3)
-        if not (op == "ReduceSum" and dt == F32):      # (memory-bound: one thread, see
-            assert any(n >= 2 for n in parallel_calls), (   # `_blocks.column_sums`)
+        # (a float32 sum over the rows is memory-bound: one thread, see `_blocks.column_sums`)
+        if not (op == "ReduceSum" and dt == F32):
+            assert any(n >= 2 for n in parallel_calls), (
                 f"{op}: no blocks ran in parallel {parallel_calls}")
         for a, b in zip(one, three):
             assert a.dtype == b.dtype and a.shape == b.shape
