@@ -168,16 +168,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.nd
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((m, n), dt)
-    axis, ranges = plan
-    if axis == 0:
-        def block(i):
-            lo, hi = ranges[i]
-            np.matmul(a[lo:hi], b, out=out[lo:hi])
-    else:
-        def block(i):
-            lo, hi = ranges[i]
-            np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
-    run_blocks(len(ranges), block)
+    _run_split(a, b, plan, out)
     return out
 
 
@@ -284,22 +275,28 @@ def _operand(rng, rows: int, cols: int, layout: Tuple[str, int], dt) -> np.ndarr
 
 
 def _run_split(a: np.ndarray, b: np.ndarray, plan: Plan, out: np.ndarray) -> None:
-    """The split product on the op's threads, as `_matmul_2d` runs it."""
-    axis, ranges = plan
-    if axis == 0:
-        run_blocks(len(ranges), lambda i: np.matmul(a[ranges[i][0]:ranges[i][1]], b,
-                                                    out=out[ranges[i][0]:ranges[i][1]]))
-    else:
-        run_blocks(len(ranges), lambda i: np.matmul(a, b[:, ranges[i][0]:ranges[i][1]],
-                                                    out=out[:, ranges[i][0]:ranges[i][1]]))
+    """The split product into `out`, its blocks on the op's threads."""
+    _blocks_into(a, b, plan, out, run_blocks)
 
 
-def _split(a: np.ndarray, b: np.ndarray, plan: Plan, out=None) -> np.ndarray:
-    out = np.empty((a.shape[0], b.shape[1]), a.dtype) if out is None else out
+def _split(a: np.ndarray, b: np.ndarray, plan: Plan) -> np.ndarray:
+    """The split product computed block after block on this thread (the bits check)."""
+    return _blocks_into(a, b, plan, np.empty((a.shape[0], b.shape[1]), a.dtype), _one_by_one)
+
+
+def _blocks_into(a: np.ndarray, b: np.ndarray, plan: Plan, out: np.ndarray, run) -> np.ndarray:
     axis, ranges = plan
-    for lo, hi in ranges:
+
+    def block(i: int) -> None:
+        lo, hi = ranges[i]
         if axis == 0:
             np.matmul(a[lo:hi], b, out=out[lo:hi])
         else:
             np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
+    run(len(ranges), block)
     return out
+
+
+def _one_by_one(n: int, fn) -> None:
+    for i in range(n):
+        fn(i)

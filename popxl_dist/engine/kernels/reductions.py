@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._blocks import as_f32, column_sums
+from ._blocks import as_f32
 from ._util import F16, F32, np_dtype, to_f16, without_out
 from .registry import kernel
 
@@ -256,17 +256,6 @@ def _reduce_median_grad(attrs, ins, outs):
     return run
 
 
-def _leading(shape, axes) -> int:
-    """The row count of the 2-D view when `axes` are the leading axes of a tensor of at least
-    two dimensions (a bias gradient's batch axes), else 0."""
-    axes = sorted(a % len(shape) for a in axes) if shape else []
-    if not axes or axes != list(range(len(axes))) or len(axes) >= len(shape):
-        return 0
-    rows = int(np.prod(shape[:len(axes)], dtype=np.int64))
-    cols = int(np.prod(shape[len(axes):], dtype=np.int64))
-    return rows if cols > 1 else 0
-
-
 @kernel("ReduceSum", writes_out=True)
 def _reduce_sum(attrs, ins, outs):
     axes = tuple(attrs["axes"])
@@ -277,14 +266,7 @@ def _reduce_sum(attrs, ins, outs):
             return to_f16(np.sum(as_f32(x, "rsum_x"), axis=axes, keepdims=keep, dtype=F32), out)
         return run16
     if np_dtype(ins[0]) == out and out.kind == "f":
-        lead = _leading(ins[0].shape, axes)
-
-        def run(x, out=None):
-            if lead and x.flags.c_contiguous and (out is None or out.flags.c_contiguous):
-                # over the leading axes: the sum of the rows of a 2-D view
-                res = np.empty(outs[0].shape, out_dt) if out is None else out
-                column_sums(x.reshape(lead, -1), res.reshape(-1))
-                return res
+        def run(x, out=None):           # (one thread: see `_blocks.column_sums`)
             if out is None:
                 return np.asarray(np.sum(x, axis=axes, keepdims=keep), dtype=out_dt)
             return np.sum(x, axis=axes, keepdims=keep, out=out)

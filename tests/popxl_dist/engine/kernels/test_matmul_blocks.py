@@ -203,7 +203,7 @@ def test_the_fastest_split_that_keeps_the_bits_is_used(monkeypatch):
 
     def timed(a, b, plan, out):
         if plan[0] == 0:
-            time.sleep(0.002)                      # row blocks: slow
+            time.sleep(0.02)                       # row blocks: slow (5x the product)
         real(a, b, plan, out)
     monkeypatch.setattr(mb, "_run_split", timed)
     a, b = operand(1024, 256, "C"), operand(256, 1024, "C")
