@@ -21,6 +21,7 @@ from ..runtime.env import positive_int
 from .comm import Communicator, Layout
 from . import parallel
 from .compile import CollectiveStep, Program, explain_error
+from .memory_plan import aligned_copy
 from .flight import (FlightRecorder, attach as attach_flight, dump as flight_dump,
                      merge_peers as merge_flights)
 from .instrument import Instrument
@@ -222,8 +223,7 @@ class Worker:
                     continue
                 cur = ctx.state[idx[tid]]
                 if cur is None or cur.shape != info.shape:
-                    ctx.state[idx[tid]] = np.array(src, dtype=storage_numpy(info.dtype),
-                                                   copy=True)
+                    ctx.state[idx[tid]] = aligned_copy(src, storage_numpy(info.dtype))
                 else:
                     cur[...] = src
 
@@ -261,7 +261,7 @@ class Worker:
                     continue
                 cur = ctx.state[d_index[d_tid]]
                 if cur is None or cur.shape != value.shape:
-                    ctx.state[d_index[d_tid]] = value.copy()
+                    ctx.state[d_index[d_tid]] = aligned_copy(value, value.dtype)
                 else:
                     cur[...] = value
 

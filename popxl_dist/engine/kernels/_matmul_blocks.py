@@ -29,7 +29,8 @@ its bits under any split at multiples of 64 that stays on it; blocks that fall i
 kernel (its tails) or the matrix-vector kernels (M or N = 1) do not.
 
 Products of a few rows by a transposed matrix run swapped (`swapped`), with the swapped
-product's bits.
+product's bits; other float32 products with few rows or a short K run on `_small_gemm`'s
+kernels, with their bits (the same for any number of threads by construction).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ import numpy as np
 
 from ...runtime.blas import blas_threads
 from ..parallel import current_threads, run_blocks
+from ._small_gemm import handles as small_product, small_gemm
 
 __all__ = ["matmul", "plan_2d", "plan_batched", "bounds", "ALIGN", "MIN_BLOCK_MACS",
            "MAX_BLOCKS"]
@@ -108,9 +110,14 @@ def plan_batched(out_shape: Sequence[int], k: int) -> Optional[Tuple[int, Bounds
 # --- running ---------------------------------------------------------------------------------
 def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """`np.matmul(a, b, out=out)` in blocks on the calling thread's op threads, with its bits
-    (a few rows times a transposed matrix: the bits of `swapped`)."""
-    if a.ndim == 2 and b.ndim == 2 and swapped(a, b):
-        return _matmul_swapped(a, b, out)
+    (a few rows times a transposed matrix: the bits of `swapped`; float32 products with few
+    rows or a short K: `_small_gemm`'s)."""
+    if a.ndim == 2 and b.ndim == 2:
+        kind = small_product(a, b)
+        if kind is not None:
+            return small_gemm(a, b, kind, out, current_threads())
+        if swapped(a, b):
+            return _matmul_swapped(a, b, out)
     return _matmul(a, b, out)
 
 

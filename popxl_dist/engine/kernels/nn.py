@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._blocks import as_f32, column_sums, each_range, f32_work, row_blocks, store
-from ._util import (F16, F32, cast, f16_into, from_f16, jit_loops, np_dtype, scratch, to_f16,
+from ._util import (F16, F32, cast, f16_into, jit_loops, np_dtype, scratch, to_f16,
                     without_out)
 from .registry import kernel
 

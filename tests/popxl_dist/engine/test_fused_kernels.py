@@ -1,7 +1,6 @@
 """The fused (block-by-block) kernels give the bits of their unfused definitions, written here in
 NumPy, with and without preallocated outputs, for float32 and float16 (float16: the definition in
 float32 on the float16 values, rounded once)."""
-import math
 
 import numpy as np
 import pytest

@@ -185,3 +185,30 @@ def test_in_place_is_refused_when_the_input_is_read_later():
         got = sess.run({s: xv})[o]
     yv = xv @ np.ones((N, N), np.float32)
     np.testing.assert_array_equal(got, (yv + 1) * yv)
+
+
+def test_variables_and_buffers_start_on_64_byte_boundaries():
+    """Compiled kernels load whole cache lines: every variable's storage and every planned
+    buffer starts on a 64-byte boundary (NumPy aligns to 16), also after weights_from_host."""
+    ir, xs, ls, _, _, data = _transformer_ir()
+    with popxl.Session(ir, "ipu_hw") as sess:
+        sess.run({xs: data[0][0], ls: data[0][1]})
+        sess.weights_from_host()
+        ctx = sess._runtime.worker.ctxs[0]
+        variables = [a for a in ctx.state if a is not None and a.size]
+        buffers = [a for v in ctx.buffers.values() for a in v if a is not None and a.size]
+        assert variables and buffers
+        for a in variables + buffers:
+            assert a.ctypes.data % 64 == 0, a.shape
+
+
+def test_aligned_copy_keeps_values_shape_and_dtype():
+    from popxl.engine.memory_plan import aligned_copy
+
+    for src, dt in [(np.arange(7, dtype=np.float64), np.float32),
+                    (np.ones((3, 5), np.float16).T, np.float16), (np.int32(4), np.int32),
+                    (np.zeros((0, 3)), np.float32)]:
+        got = aligned_copy(src, dt)
+        assert got.dtype == dt and got.shape == np.shape(src) and got.flags.c_contiguous
+        assert got.ctypes.data % 64 == 0 or got.size == 0
+        np.testing.assert_array_equal(got, np.asarray(src).astype(dt))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from popxl.engine.kernels import _matmul_blocks as mb
+from popxl.engine.kernels._small_gemm import handles as small_product, small_gemm
 from popxl.engine.parallel import threads
 from popxl.runtime.blas import blas_threads
 
@@ -23,8 +24,12 @@ def operand(rows, cols, layout, dtype=np.float32):
 
 
 def single_call(a, b):
-    """The product as one BLAS call: np.matmul(a, b), or for the few-rows-times-a-transpose
-    products `mb.swapped` picks, np.matmul(b.T, a.T) transposed."""
+    """The product as one call: np.matmul(a, b); for the thin products `_small_gemm` takes, its
+    kernel on one thread (its own bits: `test_small_gemm.py`); for the few-rows-times-a-
+    transpose products `mb.swapped` picks, np.matmul(b.T, a.T) transposed."""
+    kind = small_product(a, b)
+    if kind is not None:
+        return small_gemm(a, b, kind)
     if mb.swapped(a, b):
         return np.ascontiguousarray(np.matmul(b.T, a.T).T)
     return np.matmul(a, b)
@@ -52,13 +57,14 @@ def test_2d_bits_equal_the_single_call_for_any_thread_count(m, k, n, layouts):
                 assert mb.matmul(a, b).tobytes() == want.tobytes()
 
 
-@pytest.mark.parametrize("m,k,n", [(2, 256, 1024), (8, 512, 784), (32, 4096, 256),
+@pytest.mark.parametrize("m,k,n", [(12, 256, 1024), (24, 512, 784), (32, 4096, 256),
                                    (16, 1024, 2048)])
 def test_a_few_rows_times_a_transpose_run_swapped(m, k, n):
-    """`dy @ w.T` at a few rows runs as `(w @ dy.T).T` (OpenBLAS: 1.4-2.2x faster), for any
-    thread count; the same values to float32 rounding."""
+    """`dy @ w.T` at 9-32 rows runs as `(w @ dy.T).T` (OpenBLAS: 1.4-2.2x faster), for any
+    thread count; the same values to float32 rounding. (At 8 rows or fewer `_small_gemm`'s
+    dot kernel takes it.)"""
     a, b = operand(m, k, "C"), operand(k, n, "F")
-    assert mb.swapped(a, b)
+    assert mb.swapped(a, b) and small_product(a, b) is None
     with blas_threads():
         want = np.ascontiguousarray(np.matmul(b.T, a.T).T)
         for t in (1, 2, 3):
@@ -81,7 +87,7 @@ def test_only_a_few_rows_times_a_transpose_are_swapped():
     a, b = operand(16, 4096, "C"), operand(4096, 16, "F")
     assert not mb.swapped(a, b) and not mb.swapped(b.T, a.T)
     with blas_threads(), threads(2):
-        assert mb.matmul(a, b).tobytes() == np.matmul(a, b).tobytes()
+        assert mb.matmul(a, b).tobytes() == single_call(a, b).tobytes()
 
 
 def test_float64_and_integer_products():
