@@ -14,11 +14,15 @@ give the same bits for any thread count, unlike BLAS, whose bits depend on its k
 CPU. They are not `np.matmul`'s bits: which products take this path depends on the shapes and
 layouts only (`handles`), never on threads or the machine.
 
-The kernels are LLVM IR compiled once per process by llvmlite (a dependency) for the host CPU.
+The kernels are LLVM IR compiled by llvmlite (a dependency) for the host CPU, once per machine:
+the machine code is kept in `$XDG_CACHE_HOME/popxl-dist/kernels` (default `~/.cache/...`), keyed
+by the IR, the CPU and the LLVM version (compiling takes 0.5-1 s; loading, milliseconds).
 """
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import os
 import threading
 from typing import Callable, Dict, Optional
 
@@ -159,6 +163,7 @@ def _array_offsets() -> Optional[tuple]:
 
 
 def _compile() -> Dict[str, Callable]:
+    import llvmlite
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
@@ -171,16 +176,19 @@ def _compile() -> Dict[str, Callable]:
         + [ir.dot_kernel(rows, wrows) for rows in ir.DOT_ROWS for wrows in (2, 1)]
         + [ir.driver(), ir.dot_driver()]
         + ([ir.object_driver(*offsets), ir.dot_object_driver(*offsets)] if offsets else []))
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
     machine = llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3,
-        codemodel="jitdefault")
+        cpu=cpu, features=features, opt=3, codemodel="jitdefault")
     module = llvm.parse_assembly(source)
     module.verify()
-    if hasattr(llvm, "create_pass_builder"):          # llvmlite >= 0.44's pass manager
+    cache = _ObjectCache("\0".join([source, llvm.get_process_triple(), cpu, features,
+                                    llvmlite.__version__, str(llvm.llvm_version_info)]))
+    if cache.cached is None and hasattr(llvm, "create_pass_builder"):   # llvmlite >= 0.44
         passes = llvm.create_pass_builder(machine,
                                           llvm.create_pipeline_tuning_options(speed_level=3))
         passes.getModulePassManager().run(module, passes)
     engine = llvm.create_mcjit_compiler(module, machine)
+    engine.set_object_cache(cache.store, cache.load)
     engine.finalize_object()
     _COMPILED["engine"] = engine          # the code lives as long as its engine
     address = engine.get_function_address
@@ -200,3 +208,43 @@ def _compile() -> Dict[str, Callable]:
         dot_raw(a.ctypes.data, a.strides[0] // _ITEM, b.ctypes.data, b.strides[1] // _ITEM,
                 c.ctypes.data, c.strides[0] // _ITEM, a.shape[0], a.shape[1], lo, hi)
     return {"gemm": gemm_ptrs, "dot": dot_ptrs}
+
+
+class _ObjectCache:
+    """The compiled kernels' machine code on disk, named by a hash of everything it depends on,
+    its own hash in front (a torn or foreign file is recompiled, never loaded). Unwritable:
+    compiled in every process."""
+
+    def __init__(self, key: str):
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".cache")
+        name = hashlib.sha256(key.encode()).hexdigest()[:40]
+        self.path = os.path.join(base, "popxl-dist", "kernels", f"{name}.o")
+        self.cached = self._read()
+
+    def _read(self) -> Optional[bytes]:
+        try:
+            with open(self.path, "rb") as f:
+                blob = f.read()
+        except OSError:
+            return None
+        digest, code = blob[:32], blob[32:]
+        return code if code and hashlib.sha256(code).digest() == digest else None
+
+    def load(self, module) -> Optional[bytes]:
+        return self.cached
+
+    def store(self, module, code: bytes) -> None:
+        if self.cached is not None:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(hashlib.sha256(code).digest() + code)
+            os.replace(tmp, self.path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

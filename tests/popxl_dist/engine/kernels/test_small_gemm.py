@@ -154,3 +154,20 @@ def test_without_numpys_array_layout_the_pointers_are_passed_by_value(monkeypatc
     monkeypatch.setattr(sg, "_array_offsets", lambda: None)
     slow = sg.small_gemm(a, b, "gemm"), sg.small_gemm(a, w.T, "dot")
     assert [x.tobytes() for x in fast] == [x.tobytes() for x in slow]
+
+
+def test_machine_code_is_cached_on_disk_and_a_torn_file_recompiled(monkeypatch, tmp_path):
+    a, b = operand(8, 300, "C"), operand(300, 700, "C")
+    want = sg.small_gemm(a, b, "gemm").tobytes()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(sg, "_COMPILED", {})
+    assert sg.small_gemm(a, b, "gemm").tobytes() == want                 # compiled, stored
+    (path,) = (tmp_path / "popxl-dist" / "kernels").iterdir()
+    stored = path.read_bytes()
+    assert len(stored) > 1000
+    monkeypatch.setattr(sg, "_COMPILED", {})
+    assert sg.small_gemm(a, b, "gemm").tobytes() == want                 # loaded
+    path.write_bytes(stored[:len(stored) // 2])                          # torn
+    monkeypatch.setattr(sg, "_COMPILED", {})
+    assert sg.small_gemm(a, b, "gemm").tobytes() == want                 # compiled again
+    assert path.read_bytes() == stored
