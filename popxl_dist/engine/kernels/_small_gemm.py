@@ -216,13 +216,17 @@ class _ObjectCache:
     compiled in every process."""
 
     def __init__(self, key: str):
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                                ".cache")
+        home = os.path.expanduser("~")
+        base = os.environ.get("XDG_CACHE_HOME") or (
+            None if home.startswith("~") else os.path.join(home, ".cache"))
         name = hashlib.sha256(key.encode()).hexdigest()[:40]
-        self.path = os.path.join(base, "popxl-dist", "kernels", f"{name}.o")
+        self.path = (os.path.join(base, "popxl-dist", "kernels", f"{name}.o")
+                     if base else None)           # (no home directory: no cache)
         self.cached = self._read()
 
     def _read(self) -> Optional[bytes]:
+        if self.path is None:
+            return None
         try:
             with open(self.path, "rb") as f:
                 blob = f.read()
@@ -235,7 +239,7 @@ class _ObjectCache:
         return self.cached
 
     def store(self, module, code: bytes) -> None:
-        if self.cached is not None:
+        if self.cached is not None or self.path is None:
             return
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:

@@ -1,6 +1,9 @@
-"""LLVM IR of the small-product kernels of `_small_gemm` (text, compiled there by llvmlite).
+"""LLVM IR of the thin-product kernels of `_small_gemm` (text, compiled there by llvmlite):
+the "gemm" kernels (`kernel`), the "dot" kernels (`dot_kernel`), and drivers that call them on
+a range of output columns, given pointers (`driver`, `dot_driver`) or NumPy arrays
+(`object_driver`, `dot_object_driver`).
 
-One function per (rows, column vectors, masked) computes C = A @ B in blocks of that many rows
+One "gemm" function per (rows, column vectors, masked) computes C = A @ B in blocks of that many rows
 and vectors of columns:
 
     void f(float *A, i64 sam, i64 sak, float *B, i64 ldb, float *C, i64 ldc,
