@@ -1,6 +1,6 @@
 """float32 products with few rows or a short K, by compiled kernels of our own.
 
-OpenBLAS is slow where one operand is thin: (8, 784) @ (784, 512) takes 1.7x as long as these
+OpenBLAS is slow where one operand is thin: (8, 784) @ (784, 512) takes 2x as long as these
 kernels, (784, 8) @ (8, 512) 1.5x, (8, 512) @ (512, 784).T 1.4x (B read from L3, as in a
 training step; measured in `docs/threads.md`). A linear layer at a small batch is all such
 products: its forward pass, its weight gradient and its input gradient.

