@@ -48,15 +48,26 @@ def kernel(rows: int, vectors: int, masked: bool) -> str:
     L: List[str] = []
     e = L.append
 
-    def load_b(dst: str, row: str, v: int) -> None:
-        """dst = B[row, j + v*W : ...] (masked: the lanes below N)."""
-        e(f"  %{dst}.o = add i64 {row}, %j{'' if v == 0 else f'.{v}'}")
-        e(f"  %{dst}.p = getelementptr float, ptr %B, i64 %{dst}.o")
+    def vector_load(dst: str, ptr: str) -> None:
+        """%dst = the vector at ptr (masked: the lanes below N, others zero)."""
         if masked:
-            e(f"  %{dst} = call {VT} @llvm.masked.load.v{W}f32.p0(ptr %{dst}.p, i32 4, "
+            e(f"  %{dst} = call {VT} @llvm.masked.load.v{W}f32.p0(ptr {ptr}, i32 4, "
               f"{MT} %mask, {VT} zeroinitializer)")
         else:
-            e(f"  %{dst} = load {VT}, ptr %{dst}.p, align 4")
+            e(f"  %{dst} = load {VT}, ptr {ptr}, align 4")
+
+    def vector_store(value: str, ptr: str) -> None:
+        if masked:
+            e(f"  call void @llvm.masked.store.v{W}f32.p0({VT} {value}, ptr {ptr}, i32 4, "
+              f"{MT} %mask)")
+        else:
+            e(f"  store {VT} {value}, ptr {ptr}, align 4")
+
+    def load_b(dst: str, row: str, v: int) -> None:
+        """dst = B[row, j + v*W : ...]."""
+        e(f"  %{dst}.o = add i64 {row}, %j{'' if v == 0 else f'.{v}'}")
+        e(f"  %{dst}.p = getelementptr float, ptr %B, i64 %{dst}.o")
+        vector_load(dst, f"%{dst}.p")
 
     def splat_a(dst: str, m: int, col: str) -> None:
         """dst = A[m, k] in every lane (col = k * sak)."""
@@ -124,11 +135,7 @@ def kernel(rows: int, vectors: int, masked: bool) -> str:
     e("init.parked:")
     for m, v in cells:
         c_ptr(f"lp.{m}.{v}", m, v)
-        if masked:
-            e(f"  %l.{m}.{v} = call {VT} @llvm.masked.load.v{W}f32.p0(ptr %lp.{m}.{v}, i32 4, "
-              f"{MT} %mask, {VT} zeroinitializer)")
-        else:
-            e(f"  %l.{m}.{v} = load {VT}, ptr %lp.{m}.{v}, align 4")
+        vector_load(f"l.{m}.{v}", f"%lp.{m}.{v}")
     e("  br label %panel.start")
     e("panel.start:")
     for m, v in cells:
@@ -165,11 +172,7 @@ def kernel(rows: int, vectors: int, masked: bool) -> str:
         e(f"  %f.{m}.{v} = phi {VT} [%s.{m}.{v}, %panel.start], [%cn.{m}.{v}, %k.loop]")
     for m, v in cells:
         c_ptr(f"sp.{m}.{v}", m, v)
-        if masked:
-            e(f"  call void @llvm.masked.store.v{W}f32.p0({VT} %f.{m}.{v}, ptr %sp.{m}.{v}, "
-              f"i32 4, {MT} %mask)")
-        else:
-            e(f"  store {VT} %f.{m}.{v}, ptr %sp.{m}.{v}, align 4")
+        vector_store(f"%f.{m}.{v}", f"%sp.{m}.{v}")
     e("  br label %col.end")
     e("col.end:")
     e(f"  %j.next = add i64 %j, {vectors * W}")
@@ -245,35 +248,49 @@ def driver() -> str:
     return "\n".join(L)
 
 
-def object_driver(data: int, dims: int, strides: int) -> str:
-    """`popxl_sgemm_obj(a, b, c, lo, hi, KB)`: `popxl_sgemm_raw` on three 2-D float32 NumPy
-    arrays passed as objects, their data pointers, shapes and strides read at these byte
-    offsets of NumPy's array struct (checked by the caller): no conversions in Python."""
+def _array_fields(e, x: str, data: int, strides: int, axes) -> None:
+    """Emit %{x}.data and %{x}.s{axis} (the stride in floats) for each axis of the array
+    object %{x}o, read at these byte offsets of NumPy's array struct."""
+    e(f"  %{x}.dp = getelementptr i8, ptr %{x}o, i64 {data}")
+    e(f"  %{x}.data = load ptr, ptr %{x}.dp")
+    e(f"  %{x}.sp = getelementptr i8, ptr %{x}o, i64 {strides}")
+    e(f"  %{x}.str = load ptr, ptr %{x}.sp")
+    for axis in axes:
+        e(f"  %{x}.s{axis}p = getelementptr i64, ptr %{x}.str, i64 {axis}")
+        e(f"  %{x}.s{axis}b = load i64, ptr %{x}.s{axis}p")
+        e(f"  %{x}.s{axis} = sdiv exact i64 %{x}.s{axis}b, 4")
+
+
+def _object_driver(fn: str, raw: str, args: str, fields, dims: int, data: int,
+                   strides: int, extra: str = "") -> str:
+    """`fn(a, b, c, lo, hi[, KB])` calling `raw(args)` on the arrays' fields and A's shape
+    (%M, %K)."""
     L: List[str] = []
     e = L.append
-    e("define void @popxl_sgemm_obj(ptr %ao, ptr %bo, ptr %co, i64 %lo, i64 %hi, i64 %KB) "
-      "nounwind {")
+    e(f"define void @{fn}(ptr %ao, ptr %bo, ptr %co, i64 %lo, i64 %hi{extra}) nounwind {{")
     e("entry:")
-    for x in "abc":
-        e(f"  %{x}.dp = getelementptr i8, ptr %{x}o, i64 {data}")
-        e(f"  %{x}.data = load ptr, ptr %{x}.dp")
-        e(f"  %{x}.sp = getelementptr i8, ptr %{x}o, i64 {strides}")
-        e(f"  %{x}.str = load ptr, ptr %{x}.sp")
-        e(f"  %{x}.s0b = load i64, ptr %{x}.str")
-        e(f"  %{x}.s0 = sdiv exact i64 %{x}.s0b, 4")
-    e("  %a.s1p = getelementptr i64, ptr %a.str, i64 1")
-    e("  %a.s1b = load i64, ptr %a.s1p")
-    e("  %a.s1 = sdiv exact i64 %a.s1b, 4")
+    for x, axes in fields:
+        _array_fields(e, x, data, strides, axes)
     e(f"  %a.shp = getelementptr i8, ptr %ao, i64 {dims}")
     e("  %a.shape = load ptr, ptr %a.shp")
     e("  %M = load i64, ptr %a.shape")
     e("  %Kp = getelementptr i64, ptr %a.shape, i64 1")
     e("  %K = load i64, ptr %Kp")
-    e("  call void @popxl_sgemm_raw(ptr %a.data, i64 %a.s0, i64 %a.s1, ptr %b.data, i64 %b.s0, "
-      "ptr %c.data, i64 %c.s0, i64 %M, i64 %K, i64 %lo, i64 %hi, i64 %KB)")
+    e(f"  call void @{raw}({args})")
     e("  ret void")
     e("}")
     return "\n".join(L)
+
+
+def object_driver(data: int, dims: int, strides: int) -> str:
+    """`popxl_sgemm_obj(a, b, c, lo, hi, KB)`: `popxl_sgemm_raw` on three 2-D float32 NumPy
+    arrays passed as objects, their data pointers, shapes and strides read at these byte
+    offsets of NumPy's array struct (checked by the caller): no conversions in Python."""
+    return _object_driver(
+        "popxl_sgemm_obj", "popxl_sgemm_raw",
+        "ptr %a.data, i64 %a.s0, i64 %a.s1, ptr %b.data, i64 %b.s0, ptr %c.data, i64 %c.s0, "
+        "i64 %M, i64 %K, i64 %lo, i64 %hi, i64 %KB",
+        (("a", (0, 1)), ("b", (0,)), ("c", (0,))), dims, data, strides, ", i64 %KB")
 
 
 # --- rows times a transposed matrix: dot products ---------------------------------------------
@@ -441,25 +458,7 @@ def dot_object_driver(data: int, dims: int, strides: int) -> str:
     """`popxl_sdot_obj(a, b, c, lo, hi)`: `popxl_sdot_raw` on NumPy arrays passed as objects:
     a (M, K) with contiguous rows, b = Wt.T (K, N) with contiguous columns, c (M, N) with
     contiguous rows (see `object_driver`)."""
-    L: List[str] = []
-    e = L.append
-    e("define void @popxl_sdot_obj(ptr %ao, ptr %bo, ptr %co, i64 %lo, i64 %hi) nounwind {")
-    e("entry:")
-    for x, axis in (("a", 0), ("b", 1), ("c", 0)):
-        e(f"  %{x}.dp = getelementptr i8, ptr %{x}o, i64 {data}")
-        e(f"  %{x}.data = load ptr, ptr %{x}.dp")
-        e(f"  %{x}.sp = getelementptr i8, ptr %{x}o, i64 {strides}")
-        e(f"  %{x}.str = load ptr, ptr %{x}.sp")
-        e(f"  %{x}.sap = getelementptr i64, ptr %{x}.str, i64 {axis}")
-        e(f"  %{x}.sb = load i64, ptr %{x}.sap")
-        e(f"  %{x}.ld = sdiv exact i64 %{x}.sb, 4")
-    e(f"  %a.shp = getelementptr i8, ptr %ao, i64 {dims}")
-    e("  %a.shape = load ptr, ptr %a.shp")
-    e("  %M = load i64, ptr %a.shape")
-    e("  %Kp = getelementptr i64, ptr %a.shape, i64 1")
-    e("  %K = load i64, ptr %Kp")
-    e("  call void @popxl_sdot_raw(ptr %a.data, i64 %a.ld, ptr %b.data, i64 %b.ld, "
-      "ptr %c.data, i64 %c.ld, i64 %M, i64 %K, i64 %lo, i64 %hi)")
-    e("  ret void")
-    e("}")
-    return "\n".join(L)
+    return _object_driver(
+        "popxl_sdot_obj", "popxl_sdot_raw",
+        "ptr %a.data, i64 %a.s0, ptr %b.data, i64 %b.s1, ptr %c.data, i64 %c.s0, i64 %M, "
+        "i64 %K, i64 %lo, i64 %hi", (("a", (0,)), ("b", (1,)), ("c", (0,))), dims, data, strides)
