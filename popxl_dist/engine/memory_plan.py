@@ -37,8 +37,8 @@ import numpy as np
 
 from .._ir.records import GraphData, Op
 
-__all__ = ["MemoryPlan", "plan_memory", "enabled", "aligned_copy", "ALIGN", "CONTROL", "WRITES_OUT", "INPLACE",
-           "VIEW_OUT", "ALIAS0", "OTHER"]
+__all__ = ["MemoryPlan", "plan_memory", "enabled", "aligned_copy", "ALIGN", "CONTROL",
+           "WRITES_OUT", "INPLACE", "VIEW_OUT", "ALIAS0", "OTHER"]
 
 ALIGN = 64                 # byte alignment of every buffer (a cache line; SIMD loads)
 
