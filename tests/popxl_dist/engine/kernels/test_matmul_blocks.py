@@ -1,4 +1,5 @@
-"""MatMul in blocks on the op threads gives the bits of the single NumPy call, for every shape
+"""MatMul in blocks on the op threads gives the bits of the single call (NumPy's; for thin
+float32 products `_small_gemm`'s kernel on one thread: `single_call`), for every shape
 class BLAS treats differently (matrix-vector, its small-matrix and direct kernels, M / N tails,
 K blocking, transposed and strided operands, batched and broadcast products), with any number
 of threads; splits never cut K, start at multiples of 64 and are really used where they match."""
