@@ -173,7 +173,7 @@ def _compile() -> Dict[str, Callable]:
         [ir.DECLARATIONS]
         + [ir.kernel(rows, 1 if masked else ir.COL_BLOCK // ir.W, masked)
            for rows in ir.ROW_BLOCKS for masked in (False, True)]
-        + [ir.dot_kernel(rows, wrows) for rows in ir.DOT_ROWS for wrows in (2, 1)]
+        + [ir.dot_kernel(rows, wrows) for rows in ir.ROW_BLOCKS for wrows in (2, 1)]
         + [ir.driver(), ir.dot_driver()]
         + ([ir.object_driver(*offsets), ir.dot_object_driver(*offsets)] if offsets else []))
     cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()

@@ -197,6 +197,25 @@ _RAW_ARGS = ("ptr %A, i64 %sam, i64 %sak, ptr %B, i64 %ldb, ptr %C, i64 %ldc, i6
              "i64 %lo, i64 %hi, i64 %KB")
 
 
+def _row_groups(e, row_stride: str):
+    """For each block height of ROW_BLOCKS, in order: emit %count.i (the rows left from %r0.i,
+    rounded down to whole blocks), %Ar.i (A at row %r0.i, rows `row_stride` apart), %co.i and
+    %Cr.i (C's offset and %Cj at that row), yield (i, height) for the caller's calls, then
+    advance %r0.{i + 1} past the counted rows."""
+    e("  %r0.0 = add i64 0, 0")
+    for i, rows in enumerate(ROW_BLOCKS):
+        r0 = f"%r0.{i}"
+        e(f"  %left.{i} = sub i64 %M, {r0}")
+        e(f"  %count.{i}.q = udiv i64 %left.{i}, {rows}")
+        e(f"  %count.{i} = mul i64 %count.{i}.q, {rows}")
+        e(f"  %ao.{i} = mul i64 {r0}, {row_stride}")
+        e(f"  %Ar.{i} = getelementptr float, ptr %A, i64 %ao.{i}")
+        e(f"  %co.{i} = mul i64 {r0}, %ldc")
+        e(f"  %Cr.{i} = getelementptr float, ptr %Cj, i64 %co.{i}")
+        yield i, rows
+        e(f"  %r0.{i + 1} = add i64 {r0}, %count.{i}")
+
+
 def driver() -> str:
     """`popxl_sgemm_raw(A, sam, sak, B, ldb, C, ldc, M, K, lo, hi, KB)`: columns lo..hi of C:
     the columns before B's first 64-byte boundary (masked: a vector load across two cache
@@ -223,16 +242,7 @@ def driver() -> str:
     e(f"  %full = and i64 %rest, {-COL_BLOCK}")
     e("  %tail = sub i64 %rest, %full")
     e("  %tail.at = add i64 %head, %full")
-    e("  %r0.0 = add i64 0, 0")
-    for i, rows in enumerate(ROW_BLOCKS):
-        r0, nxt = f"%r0.{i}", f"%r0.{i + 1}"
-        e(f"  %left.{i} = sub i64 %M, {r0}")
-        e(f"  %count.{i}.q = udiv i64 %left.{i}, {rows}")
-        e(f"  %count.{i} = mul i64 %count.{i}.q, {rows}")
-        e(f"  %ao.{i} = mul i64 {r0}, %sam")
-        e(f"  %Ar.{i} = getelementptr float, ptr %A, i64 %ao.{i}")
-        e(f"  %co.{i} = mul i64 {r0}, %ldc")
-        e(f"  %Cr.{i} = getelementptr float, ptr %Cj, i64 %co.{i}")
+    for i, rows in _row_groups(e, "%sam"):
         for part, (at, width, masked) in enumerate((("0", "%head", True),
                                                    ("%head", "%full", False),
                                                    ("%tail.at", "%tail", True))):
@@ -242,7 +252,6 @@ def driver() -> str:
             e(f"  call void @{fn}(ptr %Ar.{i}, i64 %sam, i64 %sak, ptr %Bp.{i}.{part}, "
               f"i64 %ldb, ptr %Cp.{i}.{part}, i64 %ldc, i64 %count.{i}, i64 %K, i64 {width}, "
               "i64 %KB)")
-        e(f"  {nxt} = add i64 {r0}, %count.{i}")
     e("  ret void")
     e("}")
     return "\n".join(L)
@@ -413,12 +422,9 @@ def _tree(e, tag: str, v: str) -> str:
     return f"%{tag}"
 
 
-DOT_ROWS = (8, 4, 2, 1)
-
-
 def dot_driver() -> str:
     """`popxl_sdot_raw(A, lda, Wt, ldw, C, ldc, M, K, lo, hi)`: columns lo..hi of C = A @ Wt.T,
-    two rows of Wt at a time (then one), rows of A in blocks of 8, then 4, 2, 1."""
+    two rows of Wt at a time (then one), rows of A in blocks of ROW_BLOCKS."""
     L: List[str] = []
     e = L.append
     e("define void @popxl_sdot_raw(ptr %A, i64 %lda, ptr %Wt, i64 %ldw, ptr %C, i64 %ldc, "
@@ -433,22 +439,12 @@ def dot_driver() -> str:
     e("  %wo1 = mul i64 %pairs, %ldw")
     e("  %W1 = getelementptr float, ptr %Wj, i64 %wo1")
     e("  %C1 = getelementptr float, ptr %Cj, i64 %pairs")
-    e("  %r0.0 = add i64 0, 0")
-    for n, rows in enumerate(DOT_ROWS):
-        r0 = f"%r0.{n}"
-        e(f"  %left.{n} = sub i64 %M, {r0}")
-        e(f"  %count.{n}.q = udiv i64 %left.{n}, {rows}")
-        e(f"  %count.{n} = mul i64 %count.{n}.q, {rows}")
-        e(f"  %ao.{n} = mul i64 {r0}, %lda")
-        e(f"  %Ar.{n} = getelementptr float, ptr %A, i64 %ao.{n}")
-        e(f"  %co.{n} = mul i64 {r0}, %ldc")
-        e(f"  %Cr.{n} = getelementptr float, ptr %Cj, i64 %co.{n}")
+    for n, rows in _row_groups(e, "%lda"):
         e(f"  %Cr1.{n} = getelementptr float, ptr %C1, i64 %co.{n}")
         e(f"  call void @{dot_name(rows, 2)}(ptr %Ar.{n}, i64 %lda, ptr %Wj, i64 %ldw, "
           f"ptr %Cr.{n}, i64 %ldc, i64 %count.{n}, i64 %K, i64 %pairs)")
         e(f"  call void @{dot_name(rows, 1)}(ptr %Ar.{n}, i64 %lda, ptr %W1, i64 %ldw, "
           f"ptr %Cr1.{n}, i64 %ldc, i64 %count.{n}, i64 %K, i64 %odd)")
-        e(f"  %r0.{n + 1} = add i64 {r0}, %count.{n}")
     e("  ret void")
     e("}")
     return "\n".join(L)
