@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._util import F16, F32, cast, np_dtype
+from ._util import F16, F32, as_dtype, np_dtype
 from .registry import kernel
 
 __all__: list = []   # registrations only
@@ -16,11 +16,6 @@ __all__: list = []   # registrations only
 
 def _calc(dt: np.dtype) -> np.dtype:
     return F32 if dt == F16 else dt
-
-
-def _as(a: np.ndarray, dt: np.dtype) -> np.ndarray:
-    """`a.astype(dt, copy=False)` through the fast float16 converters (the same bits)."""
-    return a if a.dtype == dt else cast(a, dt)
 
 
 # --- convolution and pooling (im2col over kernel offsets) -----------------------------------
@@ -72,7 +67,7 @@ def _conv_geometry(attrs, x_shape, w_shape, out_sp):
 
 def _conv_cols(win, x, g, calc):
     n, c = x.shape[:2]
-    xp = win.pad(_as(x, calc)).reshape((n, g, c // g) + win.padded)
+    xp = win.pad(as_dtype(x, calc)).reshape((n, g, c // g) + win.padded)
     cols = win.cols(xp, 3)                                    # (N, g, C/g, K, *O)
     return cols.reshape(n, g, (c // g) * win.nk, -1)          # (N, g, C/g*K, P)
 
@@ -132,7 +127,7 @@ def _conv_family(op_type: str, make_fn, doc: str):
             from .float8 import pow2scaled
 
             return pow2scaled(fn, ins, outs, op_type, env)
-        return lambda a, b: _as(fn(a, b), dt)
+        return lambda a, b: as_dtype(fn(a, b), dt)
 
     factory.__doc__ = doc
     kernel(op_type, settings=True)(factory)

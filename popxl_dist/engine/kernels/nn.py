@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._blocks import as_f32, column_sums, each_range, f32_work, row_blocks, store
-from ._util import (F16, F32, cast, f16_into, jit_loops, np_dtype, scratch, to_f16,
+from ._util import (F16, F32, as_dtype, f16_into, jit_loops, np_dtype, scratch, to_f16,
                     without_out)
 from .registry import kernel
 
@@ -20,11 +20,6 @@ _NLL_EPS_DEFAULT = 1e-7
 
 def _calc(dt: np.dtype) -> np.dtype:
     return F32 if dt == F16 else dt
-
-
-def _as(a: np.ndarray, dt: np.dtype) -> np.ndarray:
-    """`a.astype(dt, copy=False)` through the fast float16 converters (the same bits)."""
-    return a if a.dtype == dt else cast(a, dt)
 
 
 def _chan_shape(shape):
@@ -226,10 +221,10 @@ def _batch_norm_kernel(attrs, ins, outs):
 
     def run(x, scale, bias, mean, var):
         k = scale.astype(calc) / np.sqrt(var.astype(calc) + eps)
-        y = _as(x, calc) - mean.astype(calc).reshape(cs)
+        y = as_dtype(x, calc) - mean.astype(calc).reshape(cs)
         y *= k.reshape(cs)
         y += bias.astype(calc).reshape(cs)
-        return _as(y, dt)
+        return as_dtype(y, dt)
     return run
 
 

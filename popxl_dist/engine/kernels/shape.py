@@ -12,7 +12,7 @@ import numpy as np
 from ..parallel import current_threads
 from ._blocks import BLOCK, copy_into
 from ._scatter_add import scatter_add_rows
-from ._util import F16, F32, np_dtype, without_out
+from ._util import F16, F32, as_dtype, np_dtype, without_out
 from .registry import kernel
 
 __all__ = []
@@ -167,7 +167,7 @@ def _gather_grad(attrs, ins, outs):
             idx, rows = idx[ok], rows[ok]
         if not zero_oor and idx.size and idx.min() < 0:
             idx = np.where(idx < 0, idx + dim, idx)
-        scatter_add_rows(np.moveaxis(dx, ax, 0), idx, rows.astype(calc, copy=False))
+        scatter_add_rows(np.moveaxis(dx, ax, 0), idx, as_dtype(rows, calc))
 
     def run(dy, idx):
         dx = np.zeros(shape, calc)
@@ -176,7 +176,7 @@ def _gather_grad(attrs, ins, outs):
         else:
             for g in range(groups):
                 add_into(dx[g], dy[g], idx[g], axis - 1)
-        return dx.astype(dt, copy=False)
+        return as_dtype(dx, dt)
     return run
 
 
