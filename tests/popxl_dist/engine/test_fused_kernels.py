@@ -175,6 +175,27 @@ def test_softmax_and_grad_bits(shape, dtype):
         assert_bits(outs[0], g_want)
 
 
+@pytest.mark.parametrize("c", [1, 15, 16, 17, 40, 4101])
+def test_softmax_special_values(c):
+    """The row max taken in lanes (`_jit_ew.softmax_shift_rows`): the maximum in any lane or the
+    tail, signed zeros, infinities, and NaNs (anywhere: the row is NaN)."""
+    x = (rng.normal(size=(12, c)) * 4).astype(F32)
+    for r, col in enumerate([0, 1 % c, c // 2, c - 1, max(c - 3, 0), 16 % c]):
+        x[r, col] = 30.0                          # the row's max, in a different place each
+    x[6] = 0.0
+    x[6, ::2] = -0.0
+    x[7, c // 2] = np.inf
+    x[8, -1] = -np.inf
+    x[9, c - 1] = np.nan
+    x[10, 0] = np.nan
+    x[11, c // 3] = np.nan
+    want = softmax_ref(x.copy())
+    got = kernel("Softmax", {"axis": -1}, [x], [(x.shape, F32)])(x)
+    nan_rows = np.isnan(want).any(axis=1)
+    assert (np.isnan(got[nan_rows]).all(axis=1) == np.isnan(want[nan_rows]).all(axis=1)).all()
+    assert_bits(got[~nan_rows], want[~nan_rows])
+
+
 def test_softmax_non_contiguous_input():
     x = rng.normal(size=(6, 8, 10)).astype(F32).transpose(0, 2, 1)
     fn = kernel("Softmax", {"axis": -1}, [np.ascontiguousarray(x)], [(x.shape, F32)])
