@@ -57,10 +57,22 @@ def _operand_f32(a: np.ndarray, tag: str, gemm: bool) -> np.ndarray:
     (GEMM packs its operands; only matrix-vector products, M or N = 1, depend on the layout and
     take the copy)."""
     if gemm and a.dtype == F16 and not a.flags.c_contiguous and a.ndim >= 2:
-        t = np.swapaxes(a, -1, -2)
-        if t.flags.c_contiguous:
-            return np.swapaxes(as_f32(t, tag), -1, -2)
+        perm = _dense_order(a)
+        if perm is not None:
+            inverse = sorted(range(a.ndim), key=perm.__getitem__)
+            return as_f32(a.transpose(perm), tag).transpose(inverse)
     return as_f32(a, tag)
+
+
+def _dense_order(a: np.ndarray):
+    """The axis order in which `a` is a C-contiguous array (a permuted view of one, e.g.
+    attention's heads split off and moved), if its matrices are then still read by BLAS
+    directly (one of the last two axes has unit stride), else None."""
+    perm = tuple(sorted(range(a.ndim), key=lambda i: -a.strides[i]))
+    if not a.transpose(perm).flags.c_contiguous or a.itemsize not in (
+            a.strides[-1], a.strides[-2]):
+        return None
+    return perm
 
 
 def _matmul_pow2scaled(ins, outs, env):

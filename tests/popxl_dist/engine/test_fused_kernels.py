@@ -320,6 +320,22 @@ def test_matmul_f16_bits(sa, sb, out_dtype):
     assert_bits(out, want)
 
 
+@pytest.mark.parametrize("a_base,perm_a,b_base,perm_b", [
+    ((8, 5, 3, 16), (0, 2, 1, 3), (8, 7, 3, 16), (0, 2, 3, 1)),    # q @ k.T, heads split off
+    ((8, 3, 5, 7), (0, 1, 2, 3), (8, 7, 3, 16), (0, 2, 1, 3)),     # probs @ v
+    ((5, 8, 3, 16), (1, 2, 0, 3), (16, 3, 8, 7), (2, 1, 0, 3)),    # batch axes moved too
+])
+def test_matmul_f16_permuted_operands(a_base, perm_a, b_base, perm_b):
+    """float16 operands that are permuted views of contiguous arrays (converted in their memory
+    order) give the bits of contiguous ones."""
+    a = f16(rng.normal(size=a_base)).transpose(perm_a)
+    b = f16(rng.normal(size=b_base)).transpose(perm_b)
+    want = np.matmul(np.ascontiguousarray(f32(a)), np.ascontiguousarray(f32(b))).astype(F16)
+    fn = kernel("MatMul", {}, [np.ascontiguousarray(a), np.ascontiguousarray(b)],
+                [(want.shape, F16)])
+    assert_bits(fn(a, b), want)
+
+
 def test_matmul_f32_out_bits():
     a, b = rng.normal(size=(70, 50)).astype(F32), rng.normal(size=(50, 90)).astype(F32)
     fn = kernel("MatMul", {}, [a, b], [((70, 90), F32)])
