@@ -51,11 +51,11 @@ def _matmul(attrs, ins, outs, env=None):
 
 
 def _operand_f32(a: np.ndarray, tag: str, gemm: bool) -> np.ndarray:
-    """A matmul operand as float32 in scratch. A transposed view (e.g. `x.T` of a weight
-    gradient) of a float16 array is converted in its own memory order and passed on transposed,
-    as float32 operands are: BLAS then reads it transposed, with the same bits as from a copy
-    (GEMM packs its operands; only matrix-vector products, M or N = 1, depend on the layout and
-    take the copy)."""
+    """A matmul operand as float32 in scratch. A transposed or permuted view (`x.T` of a weight
+    gradient, attention's heads) of a contiguous float16 array is converted in its own memory
+    order and passed on as the same view, as float32 operands are: BLAS then reads it in place,
+    with the same bits as from a copy (GEMM packs its operands; only matrix-vector products, M
+    or N = 1, depend on the layout and take the copy)."""
     if gemm and a.dtype == F16 and not a.flags.c_contiguous and a.ndim >= 2:
         perm = _dense_order(a)
         if perm is not None:
