@@ -57,22 +57,24 @@ def _operand_f32(a: np.ndarray, tag: str, gemm: bool) -> np.ndarray:
     with the same bits as from a copy (GEMM packs its operands; only matrix-vector products, M
     or N = 1, depend on the layout and take the copy)."""
     if gemm and a.dtype == F16 and not a.flags.c_contiguous and a.ndim >= 2:
-        perm = _dense_order(a)
-        if perm is not None:
-            inverse = sorted(range(a.ndim), key=perm.__getitem__)
-            return as_f32(a.transpose(perm), tag).transpose(inverse)
+        dense = _dense_view(a)
+        if dense is not None:
+            t, inverse = dense
+            return as_f32(t, tag).transpose(inverse)
     return as_f32(a, tag)
 
 
-def _dense_order(a: np.ndarray):
-    """The axis order in which `a` is a C-contiguous array (a permuted view of one, e.g.
-    attention's heads split off and moved), if its matrices are then still read by BLAS
-    directly (one of the last two axes has unit stride), else None."""
-    perm = tuple(sorted(range(a.ndim), key=lambda i: -a.strides[i]))
-    if not a.transpose(perm).flags.c_contiguous or a.itemsize not in (
-            a.strides[-1], a.strides[-2]):
+def _dense_view(a: np.ndarray):
+    """`(a as the C-contiguous array it is a permuted view of, the axis order that gives a back
+    from it)` (e.g. attention's heads split off and moved), if a's matrices are still read by
+    BLAS directly (one of the last two axes has unit stride), else None."""
+    if a.itemsize not in (a.strides[-1], a.strides[-2]):
         return None
-    return perm
+    perm = sorted(range(a.ndim), key=lambda i: -a.strides[i])
+    t = a.transpose(perm)
+    if not t.flags.c_contiguous:
+        return None
+    return t, sorted(range(a.ndim), key=perm.__getitem__)
 
 
 def _matmul_pow2scaled(ins, outs, env):
