@@ -190,11 +190,13 @@ class _Relay:
         """Failure notices the instances sent (origin -> message), first first."""
         return dict(self.ep.failures)
 
-    def notify(self, origin: int, message: str) -> None:
-        """Tell every other instance that `origin` failed (once per origin)."""
+    def notify(self, origin: int, message: str, died: bool = False) -> None:
+        """Tell every other instance that `origin` failed (once per origin). `died`: its actor
+        died, and `message` describes its process (the instances raise `WorkerDied`, as when
+        they see its link close first)."""
         if origin not in self.notified:
             self.notified.add(origin)
-            self._queue.put((origin, message))
+            self._queue.put((origin, message, died))
 
     def _loop(self) -> None:
         from popxl.runtime.transport.links import FAILED
@@ -206,12 +208,13 @@ class _Relay:
             moved = False
             while True:
                 try:
-                    origin, message = self._queue.get_nowait()
+                    origin, message, died = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 for i, link in ep.links.items():
                     if i != origin and not link.dead:
-                        link.post(FAILED, 0, origin, 0, message.encode("utf-8", "replace"))
+                        link.post(FAILED, 0, origin, int(died),
+                                  message.encode("utf-8", "replace"))
             moved = ep.progress() or moved
             while ep.outputs:
                 m = ep.outputs.popleft()
@@ -336,7 +339,7 @@ def _supervise(ray, refs, table, relay: _Relay, printer: _Printer) -> int:
                 ended.append(i)
             except ray.exceptions.RayActorError:
                 printer.note(i, f"popxl-run: instance {i} (Ray actor, pid {pid} on {host}) died")
-                relay.notify(i, f"its Ray actor (pid {pid} on {host}) died")
+                relay.notify(i, f"Ray actor, pid {pid} on {host}", died=True)
                 code = 1
             except ray.exceptions.RayTaskError as e:
                 printer.note(i, f"popxl-run: instance {i} failed: {e}")

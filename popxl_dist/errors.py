@@ -60,7 +60,9 @@ class HostUnreachable(WorkerDied):
 
 
 class InstanceFailed(WorkerError):
-    """Another popdist instance failed (raised, exited or died); `instance` is its index."""
+    """Another popdist instance failed (raised, or exited); `instance` is its index. An instance
+    that died is reported as `WorkerDied` (its `instance` set too), whichever way the others
+    learn of it."""
 
     def __init__(self, message: str, instance: int = -1):
         super().__init__(message)

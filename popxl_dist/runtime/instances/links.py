@@ -32,11 +32,13 @@ __all__ = ["LinkInstanceGroup", "Uplink"]
 class Uplink:
     """An instance's link to its launcher, owned by a thread: `post` queues a message for the
     launcher (output, a failure notice, goodbye); failure notices from the launcher land in
-    `failures` (origin -> message)."""
+    `failures` (origin -> message), those of instances whose actor died in `deaths` (origin ->
+    a description of its process)."""
 
     def __init__(self, link: Link):
         self.link = link
         self.failures: Dict[int, str] = {}
+        self.deaths: Dict[int, str] = {}
         self._queue: "queue.Queue" = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="popxl-uplink", daemon=True)
@@ -47,7 +49,8 @@ class Uplink:
 
     def _deliver(self, m: Message) -> None:
         if m.kind == FAILED:
-            self.failures.setdefault(m.a, m.meta.decode("utf-8", "replace"))
+            into = self.deaths if m.b else self.failures
+            into.setdefault(m.a, m.meta.decode("utf-8", "replace"))
 
     def _loop(self) -> None:
         link = self.link
@@ -169,11 +172,18 @@ class LinkInstanceGroup(InstanceGroup):
         return run
 
     def raise_notice(self) -> None:
-        """Raise InstanceFailed if an instance failed (its own notice, or the launcher's)."""
+        """Raise InstanceFailed if an instance failed (its own notice, or the launcher's), or
+        WorkerDied if the launcher saw its actor die (what the link closing would raise)."""
         notices = dict(self.uplink.failures) if self.uplink is not None else {}
+        deaths = dict(self.uplink.deaths) if self.uplink is not None else {}
         notices.update(self.ep.failures)
-        if notices:
-            origin = min(notices)
+        if notices or deaths:
+            origin = min(set(notices) | set(deaths))
+            if origin in deaths and origin not in self.ep.failures:
+                err = WorkerDied(f"instance {origin} ({deaths[origin]}) died")
+                err.workers = [origin]
+                err.instance = origin
+                raise err
             raise InstanceFailed(f"instance {origin} failed: {notices[origin]}", origin)
 
     def died(self, dead: List[int]) -> WorkerDied:

@@ -392,12 +392,11 @@ def test_ray_debugging_across_instances(tmp_path):
 def test_ray_instance_that_dies_is_named():
     res = popxl_run("--backend", "ray", "--instances", "2", FAILURES, "kill", timeout=300)
     zero = lines_of(res.stdout, "[instance 0] ")
-    # The launcher's notice (InstanceFailed) usually arrives first; on a loaded machine instance
-    # 0 may see its link to the dead actor close first (WorkerDied, as under MPI): both name it.
-    line = next((x for x in zero if x.startswith(("caught InstanceFailed", "caught WorkerDied"))),
-                None)
+    # WorkerDied, as under MPI, whether the launcher's notice or the link's closing comes first
+    line = next((x for x in zero if x.startswith("caught ")), None)
     assert line is not None, res.text[-4000:]
-    assert "instance 1" in line and float(line.split()[3]) < 5.0
+    assert line.startswith("caught WorkerDied") and "instance 1 (Ray actor, pid" in line, line
+    assert "died" in line and float(line.split()[3]) < 5.0
     assert "popxl-run: instance 1 (Ray actor, pid" in res.stderr and "died" in res.stderr
     assert res.returncode == 1, res.text[-3000:]
     assert wait_until(lambda: not job_processes(res.sid)), job_processes(res.sid)
