@@ -5,6 +5,11 @@ Each loop performs, per element, exactly the float32 operations of the NumPy def
 replaces, in the same order (no fused multiply-add, no reassociation: numba's default IEEE
 mode), so the results are the same bits; transcendental functions (tanh, exp) stay NumPy's, whose
 results differ from libm's. One pass instead of one NumPy pass per operation.
+
+Loops that read with `load` and write with `put` take float16 arrays (as uint16 views) as well
+as float32 ones: numba compiles a version per dtype, which converts as it loads and rounds once
+as it stores (the float16 kernels' "compute in float32, round once"), instead of a conversion
+pass before and a rounding pass after.
 """
 import math
 
@@ -18,7 +23,7 @@ __all__ = ["gelu_inner", "gelu_outer", "gelu_grad_inner", "gelu_grad_outer", "ge
            "adam_update", "adam_update_wd", "axpy", "scaled_add", "binary_rows",
            "binary_rows_into", "scatter_add_rows", "row_sum",
            "layer_norm_rows", "layer_norm_grad_rows", "softmax_shift_rows", "softmax_scale_rows",
-           "softmax_grad_rows"]
+           "softmax_scale_rows_to", "softmax_grad_rows", "softmax_grad_rows_to"]
 
 # (Kernels call these at every size: one dispatch, a few microseconds, costs less than the NumPy
 # passes it replaces even on a few hundred elements, where each NumPy call is ~1 us of overhead:
@@ -37,7 +42,7 @@ _LANES = 16          # independent running maxima: one vector of float32
 def gelu_inner(x, u):
     """u = (x * x * (C * x) + x) * K (the argument of tanh in GELU)."""
     for i in range(x.size):
-        v = x[i]
+        v = load(x, i)
         t = v * v
         t = t * (_C * v)
         t = t + v
@@ -48,14 +53,14 @@ def gelu_inner(x, u):
 def gelu_outer(x, t, y):
     """y = (tanh(u) + 1) * x * 0.5."""
     for i in range(x.size):
-        y[i] = ((t[i] + _ONE) * x[i]) * _HALF
+        put(y, i, ((t[i] + _ONE) * load(x, i)) * _HALF)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def gelu_grad_inner(x, x2, u):
     """x2 = x * x; u = (x2 * C + 1) * x * K."""
     for i in range(x.size):
-        v = x[i]
+        v = load(x, i)
         s = v * v
         x2[i] = s
         u[i] = ((s * _C + _ONE) * v) * _K
@@ -75,7 +80,7 @@ def _gelu_grad_at(dy, x, x2, t):
 def gelu_grad_outer(dy, x, x2, th, g):
     """g = the GELU gradient from dy, x, x2 = x * x and th = tanh(inner)."""
     for i in range(x.size):
-        g[i] = _gelu_grad_at(dy[i], x[i], x2[i], th[i])
+        put(g, i, _gelu_grad_at(load(dy, i), load(x, i), x2[i], th[i]))
 
 
 # (An output that is an input's own buffer, as the memory plan hands over, goes to the `_into`
@@ -86,7 +91,7 @@ def gelu_grad_outer(dy, x, x2, th, g):
 def gelu_outer_into(x, t):
     """gelu_outer with y x's own buffer: x = (tanh(u) + 1) * x * 0.5."""
     for i in range(x.size):
-        x[i] = ((t[i] + _ONE) * x[i]) * _HALF
+        put(x, i, ((t[i] + _ONE) * load(x, i)) * _HALF)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -94,10 +99,10 @@ def gelu_grad_outer_into(dy, x, x2, th, into_dy):
     """gelu_grad_outer with g dy's own buffer (into_dy), else x's."""
     if into_dy:
         for i in range(x.size):
-            dy[i] = _gelu_grad_at(dy[i], x[i], x2[i], th[i])
+            put(dy, i, _gelu_grad_at(load(dy, i), load(x, i), x2[i], th[i]))
     else:
         for i in range(x.size):
-            x[i] = _gelu_grad_at(dy[i], x[i], x2[i], th[i])
+            put(x, i, _gelu_grad_at(load(dy, i), load(x, i), x2[i], th[i]))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -330,23 +335,23 @@ def softmax_shift_rows(x, e, c):
     for lo in range(0, x.size, c):
         xr = x[lo:lo + c]
         er = e[lo:lo + c]
-        m = xr[0]
+        m = load(xr, 0)
         if body:
             for j in range(_LANES):
-                lanes[j] = xr[j]
+                lanes[j] = load(xr, j)
             for i in range(_LANES, body, _LANES):
                 for j in range(_LANES):
-                    v = xr[i + j]
+                    v = load(xr, i + j)
                     lanes[j] = v if v > lanes[j] else lanes[j]
             m = lanes[0]
             for j in range(1, _LANES):
                 v = lanes[j]
                 m = v if v > m else m
         for i in range(body, c):
-            v = xr[i]
+            v = load(xr, i)
             m = v if v > m else m
         for i in range(c):
-            er[i] = xr[i] - m
+            er[i] = load(xr, i) - m
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -357,6 +362,18 @@ def softmax_scale_rows(e, c):
         s = row_sum(er)
         for i in range(c):
             er[i] = er[i] / s
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def softmax_scale_rows_to(e, out, c):
+    """out = e / sum(row) for the rows of c elements of flat float32 e (out: another array,
+    float16 rounded once)."""
+    for lo in range(0, e.size, c):
+        er = e[lo:lo + c]
+        orow = out[lo:lo + c]
+        s = row_sum(er)
+        for i in range(c):
+            put(orow, i, er[i] / s)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -371,3 +388,18 @@ def softmax_grad_rows(dy, y, g, c):
         s = row_sum(gr)
         for i in range(c):
             gr[i] = gr[i] - yr[i] * s
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def softmax_grad_rows_to(dy, y, t, g, c):
+    """softmax_grad_rows with the float32 products dy * y in `t` (c elements), for a g that
+    cannot hold them (float16: rounded once); g may be dy's own buffer."""
+    for lo in range(0, y.size, c):
+        dr = dy[lo:lo + c]
+        yr = y[lo:lo + c]
+        gr = g[lo:lo + c]
+        for i in range(c):
+            t[i] = load(dr, i) * load(yr, i)
+        s = row_sum(t)
+        for i in range(c):
+            put(gr, i, t[i] - load(yr, i) * s)

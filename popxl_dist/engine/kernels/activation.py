@@ -12,7 +12,8 @@ import numpy as np
 
 from ._blocks import (as_f32, contiguous_rows, each_range, elem_blocks, f32_work, out_array,
                       row_blocks, store)
-from ._util import (F16, F32, from_f16, jit_loops, np_dtype, scratch, via_f32, without_out)
+from ._util import (F16, F32, from_f16, jit_loops, jit_view, np_dtype, scratch, via_f32,
+                    without_out)
 from .registry import kernel
 
 _K = np.float32(np.sqrt(2.0 / np.pi))
@@ -84,17 +85,32 @@ def _gelu_grad_block(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
     np.multiply(d, dy, out=g)
 
 
-def _elementwise(block_fn: Callable, dt: np.dtype, shape, may_alias: bool = False):
+def _all_f16(arrays, dt: np.dtype) -> bool:
+    """Whether a float16 kernel's blocks go to its compiled loops as they are (uint16 views: the
+    loops convert as they load and round as they store): every array float16, loops present."""
+    return dt == F16 and all(a.dtype == F16 for a in arrays) and jit_loops() is not None
+
+
+def _elementwise(block_fn: Callable, dt: np.dtype, shape, may_alias: bool = False,
+                 f16_loops: bool = False):
     """A kernel running `block_fn(*float32 input blocks, float32 result block)` block by block
     over same-shaped inputs, rounding each block into the output dtype. `may_alias`: block_fn
     accepts a result block that is an input block's memory (else such a block is computed in
-    scratch first: the memory plan may give the output an input's buffer)."""
+    scratch first: the memory plan may give the output an input's buffer). `f16_loops`:
+    block_fn's compiled loops also take float16 blocks (`_jit_ew`), given them when every array
+    is float16."""
 
     def run(*arrays, out=None):
         res = out_array(out, shape, dt)
         flat_in = [a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
                    for a in arrays]
         flat_out = res.reshape(-1)
+        if f16_loops and may_alias and _all_f16(arrays, dt):
+            ins16 = [jit_view(a) for a in flat_in]
+            out16 = jit_view(flat_out)
+            each_range(elem_blocks(flat_out.size),
+                       lambda lo, hi: block_fn(*[a[lo:hi] for a in ins16], out16[lo:hi]))
+            return res
 
         def block(lo: int, hi: int) -> None:
             blk = [as_f32(a[lo:hi], f"ew_in{i}") for i, a in enumerate(flat_in)]
@@ -154,7 +170,8 @@ def _gelu_grad_block_jit(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
 def _gelu(attrs, ins, outs):
     if not _fusable(ins, outs):
         return without_out(via_f32(gelu_tanh, np_dtype(outs[0])))
-    return _elementwise(_gelu_block_jit, np_dtype(outs[0]), outs[0].shape, may_alias=True)
+    return _elementwise(_gelu_block_jit, np_dtype(outs[0]), outs[0].shape, may_alias=True,
+                        f16_loops=True)
 
 
 @kernel("GeluInplace", modifies=(0,))
@@ -171,7 +188,8 @@ def _gelu_inplace(attrs, ins, outs):
 def _gelu_grad(attrs, ins, outs):
     if not _fusable(ins, outs):
         return without_out(via_f32(gelu_tanh_grad, np_dtype(outs[0])))
-    return _elementwise(_gelu_grad_block_jit, np_dtype(outs[0]), outs[0].shape, may_alias=True)
+    return _elementwise(_gelu_grad_block_jit, np_dtype(outs[0]), outs[0].shape, may_alias=True,
+                        f16_loops=True)
 
 
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -187,9 +205,12 @@ def softmax_grad(dy: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
     return g
 
 
-def _rowwise(block_fn: Callable, fallback: Callable, axis: int, shape, dt: np.dtype):
+def _rowwise(block_fn: Callable, fallback: Callable, axis: int, shape, dt: np.dtype,
+             f16_block: Callable = None):
     """A kernel over rows of the last axis: `block_fn(*float32 (rows, n) input blocks, result
-    block)` on C-contiguous inputs (other layouts and axes run `fallback` in float32)."""
+    block)` on C-contiguous inputs (other layouts and axes run `fallback` in float32).
+    `f16_block(*uint16 row blocks, uint16 result block)`: the same with every array float16,
+    through the compiled loops."""
     rank = len(shape)
     row_len = shape[-1] if shape else 1
     last = axis in (-1, rank - 1)
@@ -202,6 +223,12 @@ def _rowwise(block_fn: Callable, fallback: Callable, axis: int, shape, dt: np.dt
             store(np.asarray(r, F32) if dt == F16 else r, res)
             return res
         rows_out = res.reshape(-1, row_len)
+        if f16_block is not None and _all_f16(arrays, dt):
+            ins16 = [jit_view(a) for a in rows_in]
+            out16 = jit_view(rows_out)
+            each_range(row_blocks(rows_out.shape[0], row_len),
+                       lambda r0, r1: f16_block(*[a[r0:r1] for a in ins16], out16[r0:r1]))
+            return res
 
         def block(r0: int, r1: int) -> None:
             blk = [as_f32(a[r0:r1], f"row_in{i}") for i, a in enumerate(rows_in)]
@@ -230,6 +257,24 @@ def _softmax_block(x: np.ndarray, e: np.ndarray) -> None:
     e /= m
 
 
+def _softmax_block16(x: np.ndarray, y: np.ndarray) -> None:
+    """`_softmax_block` on float16 rows (uint16 views; y may be x's buffer): x converted as the
+    shift pass loads it, the quotients rounded as they are stored."""
+    jit = jit_loops()
+    c = x.shape[-1]
+    e = scratch("row_out", x.size)
+    jit.softmax_shift_rows(x.reshape(-1), e, c)
+    np.exp(e, out=e)
+    jit.softmax_scale_rows_to(e, y.reshape(-1), c)
+
+
+def _softmax_grad_block16(dy: np.ndarray, y: np.ndarray, g: np.ndarray) -> None:
+    """`_softmax_grad_block` on float16 rows (uint16 views; g may be dy's buffer)."""
+    c = y.shape[-1]
+    jit_loops().softmax_grad_rows_to(dy.reshape(-1), y.reshape(-1), scratch("softmax_t", c),
+                                     g.reshape(-1), c)
+
+
 def _softmax_grad_block(dy: np.ndarray, y: np.ndarray, g: np.ndarray) -> None:
     jit = jit_loops() if y.size > 0 and g.flags.c_contiguous else None
     if jit is not None:                  # the same passes, row by row, compiled
@@ -249,7 +294,7 @@ def _softmax(attrs, ins, outs):
     if not _fusable(ins, outs):
         return without_out(via_f32(lambda x: softmax(x, axis), np_dtype(outs[0])))
     return _rowwise(_softmax_block, lambda x: softmax(x, axis), axis, outs[0].shape,
-                    np_dtype(outs[0]))
+                    np_dtype(outs[0]), _softmax_block16)
 
 
 @kernel("SoftmaxGrad", writes_out=True, inplace=(0,))
@@ -258,5 +303,5 @@ def _softmax_grad(attrs, ins, outs):
     if not _fusable(ins, outs):
         return without_out(via_f32(lambda dy, y: softmax_grad(dy, y, axis), np_dtype(outs[0])))
     return _rowwise(_softmax_grad_block, lambda dy, y: softmax_grad(dy, y, axis), axis,
-                    outs[0].shape, np_dtype(outs[0]))
+                    outs[0].shape, np_dtype(outs[0]), _softmax_grad_block16)
 

@@ -175,11 +175,45 @@ def test_softmax_and_grad_bits(shape, dtype):
         assert_bits(outs[0], g_want)
 
 
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_gelu_special_values(dtype, loops):
+    """Infinities, NaNs, the largest and smallest values (float16: read and rounded by the
+    compiled loops as they load and store)."""
+    big, tiny = np.finfo(dtype).max, np.finfo(dtype).smallest_subnormal
+    x = np.array([np.inf, -np.inf, np.nan, big, -big, tiny, -tiny, 0.0, -0.0, 3.0] * 7, dtype)
+    dy = np.array([1.0, -2.0, 0.5, np.nan, 1.0, np.inf, 1.0, -0.0, 2.0, 1.0] * 7, dtype)
+    for got, want in ((kernel("Gelu", {}, [x], [(x.shape, dtype)])(x),
+                       in_f32(gelu_ref, x, out_dtype=dtype)),
+                      (kernel("GeluGrad", {}, [dy, x], [(x.shape, dtype)])(dy, x),
+                       in_f32(gelu_grad_ref, dy, x, out_dtype=dtype))):
+        nan = np.isnan(want)
+        assert (np.isnan(got) == nan).all()
+        assert_bits(got[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_softmax_in_place_output(dtype):
+    """The memory plan may give Softmax's output x's buffer, SoftmaxGrad's dy's."""
+    x = (rng.normal(size=(70, 300)) * 4).astype(dtype)
+    y = in_f32(softmax_ref, x, out_dtype=dtype)
+    buf = x.copy()
+    assert kernel("Softmax", {"axis": -1}, [x], [(x.shape, dtype)])(buf, out=buf) is buf
+    assert_bits(buf, y)
+    dy = rng.normal(size=x.shape).astype(dtype)
+    want = in_f32(softmax_grad_ref, dy, y, out_dtype=dtype)
+    buf = dy.copy()
+    fn = kernel("SoftmaxGrad", {"axis": -1}, [dy, y], [(x.shape, dtype)])
+    assert fn(buf, y, out=buf) is buf
+    assert_bits(buf, want)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
 @pytest.mark.parametrize("c", [1, 15, 16, 17, 40, 4101])
-def test_softmax_special_values(c):
-    """The row max taken in lanes (`_jit_ew.softmax_shift_rows`): the maximum in any lane or the
-    tail, signed zeros, infinities, and NaNs (anywhere: the row is NaN)."""
-    x = (rng.normal(size=(12, c)) * 4).astype(F32)
+def test_softmax_special_values(c, dtype, loops):
+    """The row max taken in lanes (`_jit_ew.softmax_shift_rows`; float16 read as it loads): the
+    maximum in any lane or the tail, signed zeros, infinities, and NaNs (anywhere: the row is
+    NaN)."""
+    x = (rng.normal(size=(12, c)) * 4).astype(dtype)
     for r, col in enumerate([0, 1 % c, c // 2, c - 1, max(c - 3, 0), 16 % c]):
         x[r, col] = 30.0                          # the row's max, in a different place each
     x[6] = 0.0
@@ -189,8 +223,8 @@ def test_softmax_special_values(c):
     x[9, c - 1] = np.nan
     x[10, 0] = np.nan
     x[11, c // 3] = np.nan
-    want = softmax_ref(x.copy())
-    got = kernel("Softmax", {"axis": -1}, [x], [(x.shape, F32)])(x)
+    want = in_f32(softmax_ref, x, out_dtype=dtype)
+    got = kernel("Softmax", {"axis": -1}, [x], [(x.shape, dtype)])(x)
     nan_rows = np.isnan(want).any(axis=1)
     assert (np.isnan(got[nan_rows]).all(axis=1) == np.isnan(want[nan_rows]).all(axis=1)).all()
     assert_bits(got[~nan_rows], want[~nan_rows])
