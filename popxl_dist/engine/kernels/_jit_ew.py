@@ -227,32 +227,32 @@ _ZERO = _F(0)
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _pairwise(a):
-    """NumPy's pairwise sum of the contiguous float32 row `a` (`pairwise_sum`: below 8
-    elements in order, up to 128 in 8 interleaved partial sums, above that two halves split at
-    a multiple of 8)."""
+    """NumPy's pairwise sum of the contiguous row `a` (`pairwise_sum`: below 8 elements in
+    order, up to 128 in 8 interleaved partial sums, above that two halves split at a multiple
+    of 8), in float32 (a float16 row as its float32 values)."""
     n = a.size
     if n < 8:
         res = _ZERO
         for i in range(n):
-            res = res + a[i]
+            res = res + load(a, i)
         return res
     if n <= 128:
-        r0, r1, r2, r3 = a[0], a[1], a[2], a[3]
-        r4, r5, r6, r7 = a[4], a[5], a[6], a[7]
+        r0, r1, r2, r3 = load(a, 0), load(a, 1), load(a, 2), load(a, 3)
+        r4, r5, r6, r7 = load(a, 4), load(a, 5), load(a, 6), load(a, 7)
         m = n - n % 8
         for k in range(1, m // 8):
             j = 8 * k
-            r0 = r0 + a[j]
-            r1 = r1 + a[j + 1]
-            r2 = r2 + a[j + 2]
-            r3 = r3 + a[j + 3]
-            r4 = r4 + a[j + 4]
-            r5 = r5 + a[j + 5]
-            r6 = r6 + a[j + 6]
-            r7 = r7 + a[j + 7]
+            r0 = r0 + load(a, j)
+            r1 = r1 + load(a, j + 1)
+            r2 = r2 + load(a, j + 2)
+            r3 = r3 + load(a, j + 3)
+            r4 = r4 + load(a, j + 4)
+            r5 = r5 + load(a, j + 5)
+            r6 = r6 + load(a, j + 6)
+            r7 = r7 + load(a, j + 7)
         res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
         for i in range(m, n):
-            res = res + a[i]
+            res = res + load(a, i)
         return res
     n2 = n // 2
     n2 -= n2 % 8
@@ -273,53 +273,58 @@ def _row_mean(a):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def layer_norm_rows(x, w, b, eps, xc, y, mean, inv):
-    """LayerNorm of the rows of x (rows * c, flat; w, b (c,); xc scratch of x's size): the
-    passes of nn.py's `_layer_norm_fused` (mean, x - mean, (x - mean)**2, its mean, + eps, sqrt,
-    1 / ., * , * w, + b) row by row."""
+def layer_norm_rows(x, w, b, eps, xc, sq, y, mean, inv):
+    """LayerNorm of the rows of x (rows * c, flat; w, b (c,); xc and sq float32 scratch of x's
+    size, sq may be y when y is float32): the passes of nn.py's `_layer_norm_fused` (mean,
+    x - mean, (x - mean)**2, its mean, + eps, sqrt, 1 / ., * , * w, + b) row by row. x and y may
+    be float16."""
     c = w.size
     for r in range(mean.size):
         xr = x[r * c:(r + 1) * c]
         cr = xc[r * c:(r + 1) * c]
+        sr = sq[r * c:(r + 1) * c]
         yr = y[r * c:(r + 1) * c]
         m = _row_mean(xr)
         for i in range(c):
-            d = xr[i] - m
+            d = load(xr, i) - m
             cr[i] = d
-            yr[i] = d * d
-        v = _row_mean(yr)
+            sr[i] = d * d
+        v = _row_mean(sr)
         v = v + eps
         v = _F(math.sqrt(v))
         v = _ONE / v
         for i in range(c):
-            yr[i] = ((cr[i] * v) * w[i]) + b[i]
+            put(yr, i, ((cr[i] * v) * w[i]) + b[i])
         mean[r] = m
         inv[r] = v
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def layer_norm_grad_rows(dy, x, w, mean, inv, prod, dxh, dx):
+def layer_norm_grad_rows(dy, x, w, mean, inv, prod, dxh, t, dx):
     """dx of LayerNorm and dy * xhat (into `prod`, summed for dweight by the caller), rows of
-    (rows * c, flat) arrays, the passes of nn.py's `_layer_norm_grad_fused`; dxh scratch."""
+    (rows * c, flat) arrays, the passes of nn.py's `_layer_norm_grad_fused`; dxh and t float32
+    scratch (t may be dx when dx is float32). x and dx may be float16 (read and rounded here),
+    the others are float32."""
     c = w.size
     for r in range(mean.size):
         xr = x[r * c:(r + 1) * c]
         gr = dy[r * c:(r + 1) * c]
         pr = prod[r * c:(r + 1) * c]
         hr = dxh[r * c:(r + 1) * c]
+        tr = t[r * c:(r + 1) * c]
         dr = dx[r * c:(r + 1) * c]
         m = mean[r]
         ib = inv[r]
         for i in range(c):
-            xh = (xr[i] - m) * ib
+            xh = (load(xr, i) - m) * ib
             pr[i] = gr[i] * xh
             hr[i] = gr[i] * w[i]
         s = _row_mean(hr)
         for i in range(c):
-            dr[i] = hr[i] * ((xr[i] - m) * ib)         # t, summed next
-        s2 = _row_mean(dr)
+            tr[i] = hr[i] * ((load(xr, i) - m) * ib)
+        s2 = _row_mean(tr)
         for i in range(c):
-            dr[i] = ((hr[i] - s) - ((xr[i] - m) * ib) * s2) * ib
+            put(dr, i, ((hr[i] - s) - ((load(xr, i) - m) * ib) * s2) * ib)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

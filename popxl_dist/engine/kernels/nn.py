@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._blocks import as_f32, column_sums, each_range, f32_work, row_blocks, store
-from ._util import (F16, F32, as_dtype, f16_into, jit_loops, np_dtype, scratch, to_f16,
+from ._util import (F16, F32, as_dtype, f16_into, jit_loops, jit_view, np_dtype, scratch, to_f16,
                     without_out)
 from .registry import kernel
 
@@ -84,19 +84,31 @@ def _layer_norm_fused(shape, dt: np.dtype, eps):
         x = np.ascontiguousarray(x)
         w32 = as_f32(w, "ln_w").reshape(1, c)
         b32 = as_f32(b, "ln_b").reshape(1, c)
+        # float16 x and y go to the compiled loops as they are (read and rounded there)
+        direct = x.dtype == F16 and dt == F16 and y.flags.c_contiguous
 
         def block(r0: int, r1: int) -> None:
             rows = r1 - r0
-            xb = as_f32(x[r0:r1], "ln_x")
+            size = rows * c
             m = scratch("ln_m", rows).reshape(rows, 1)
             v = scratch("ln_v", rows).reshape(rows, 1)
-            xc = scratch("ln_xc", xb.size).reshape(xb.shape)
-            yb = f32_work(y[r0:r1], "ln_y", xb.size)
-            jit = jit_loops() if xb.size > 0 and yb.flags.c_contiguous else None
-            if jit is not None:                  # the same passes, row by row, compiled
-                jit.layer_norm_rows(xb.reshape(-1), w32.reshape(-1), b32.reshape(-1), eps,
-                                    xc.reshape(-1), yb.reshape(-1), m.reshape(-1),
+            xc = scratch("ln_xc", size)
+            jit = jit_loops() if size > 0 else None
+            if jit is not None and direct:
+                jit.layer_norm_rows(jit_view(x[r0:r1]).reshape(-1), w32.reshape(-1),
+                                    b32.reshape(-1), eps, xc, scratch("ln_sq", size),
+                                    jit_view(y[r0:r1]).reshape(-1), m.reshape(-1),
                                     v.reshape(-1))
+                store(m.reshape(-1), mean[r0:r1])
+                store(v.reshape(-1), inv[r0:r1])
+                return
+            xb = as_f32(x[r0:r1], "ln_x")
+            xc = xc.reshape(xb.shape)
+            yb = f32_work(y[r0:r1], "ln_y", xb.size)
+            if jit is not None and yb.flags.c_contiguous:    # the same passes, row by row
+                yf = yb.reshape(-1)
+                jit.layer_norm_rows(xb.reshape(-1), w32.reshape(-1), b32.reshape(-1), eps,
+                                    xc.reshape(-1), yf, yf, m.reshape(-1), v.reshape(-1))
                 store(yb, y[r0:r1])
                 store(m.reshape(-1), mean[r0:r1])
                 store(v.reshape(-1), inv[r0:r1])
@@ -133,21 +145,31 @@ def _layer_norm_grad_fused(shape, dt: np.dtype, out_dts):
         dy32 = as_f32(dy, "lng_dy_full")                 # whole: db sums its columns
         prod = scratch("lng_prod", n * c).reshape(n, c)   # dy * xhat, whole: dw sums it
 
+        direct = x.dtype == F16 and dt == F16 and dx.flags.c_contiguous
+
         def block(r0: int, r1: int) -> None:
             rows = r1 - r0
-            xb = as_f32(x[r0:r1], "ln_x")
+            size = rows * c
             mb = as_f32(mean[r0:r1], "ln_mb").reshape(rows, 1)
             ib = as_f32(inv[r0:r1], "ln_ib").reshape(rows, 1)
             dyb = dy32[r0:r1]
+            jit = jit_loops() if size > 0 else None
+            if jit is not None and direct:      # float16 x and dx read and rounded in the loops
+                jit.layer_norm_grad_rows(dyb.reshape(-1), jit_view(x[r0:r1]).reshape(-1),
+                                         w32.reshape(-1), np.ascontiguousarray(mb).reshape(-1),
+                                         np.ascontiguousarray(ib).reshape(-1),
+                                         prod[r0:r1].reshape(-1), scratch("ln_sq", size),
+                                         scratch("lng_t", size), jit_view(dx[r0:r1]).reshape(-1))
+                return
+            xb = as_f32(x[r0:r1], "ln_x")
             dxh = scratch("ln_sq", xb.size).reshape(xb.shape)
             dxb = f32_work(dx[r0:r1], "ln_y", xb.size)
-            jit = jit_loops() if xb.size > 0 and dxb.flags.c_contiguous else None
-            if jit is not None:                  # the same passes, row by row, compiled
+            if jit is not None and dxb.flags.c_contiguous:   # the same passes, row by row
+                df = dxb.reshape(-1)
                 jit.layer_norm_grad_rows(dyb.reshape(-1), xb.reshape(-1), w32.reshape(-1),
                                          np.ascontiguousarray(mb).reshape(-1),
                                          np.ascontiguousarray(ib).reshape(-1),
-                                         prod[r0:r1].reshape(-1), dxh.reshape(-1),
-                                         dxb.reshape(-1))
+                                         prod[r0:r1].reshape(-1), dxh.reshape(-1), df, df)
                 store(dxb, dx[r0:r1])
                 return
             xh = scratch("ln_xc", xb.size).reshape(xb.shape)
