@@ -20,7 +20,8 @@ from typing import Callable, Iterable, Iterator, Optional, Tuple
 import numpy as np
 
 from ..parallel import current_threads, run_blocks
-from ._util import F16, F32, f16_into, from_f16, jit_loops, jit_view, scratch, to_f16
+from ._util import (F16, F32, f16_into, from_f16, jit_loops, jit_view, same_start, scratch,
+                    to_f16)
 
 __all__ = ["BLOCK", "elem_blocks", "row_blocks", "shared", "shared_rows", "each_range", "as_f32", "store",
            "contiguous_rows", "column_sums", "binary_blocks", "copy_into"]
@@ -166,7 +167,7 @@ def _suffix_size(shape, out_shape) -> Optional[int]:
 def _same_buffer(out: np.ndarray, x: np.ndarray) -> bool:
     """Whether 1-D contiguous `x` is `out`'s own memory (a buffer the memory plan handed over, or
     an in-place op); other overlaps are not expected: `out` is then fresh memory."""
-    return x.size == out.size and x.ctypes.data == out.ctypes.data
+    return x.size == out.size and same_start(x, out)
 
 
 _JIT_OPS = {np.add: 0, np.subtract: 1, np.multiply: 2}     # `_jit_ew.binary_rows`'s op codes

@@ -168,7 +168,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray]) -> np.nd
             or b.shape[0] != k):
         return np.matmul(a, b, out=out)
     la, lb = _layout(a), _layout(b)
-    if la is None or lb is None or (a.ctypes.data == b.ctypes.data and m == n):
+    if la is None or lb is None or (m == n and a.ctypes.data == b.ctypes.data):
         return np.matmul(a, b, out=out)         # (NumPy's own A @ A.T path, or no BLAS)
     plan = _verified_plan((dt.char, m, k, n, la, lb, threads))
     if plan is None:

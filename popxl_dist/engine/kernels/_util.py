@@ -227,6 +227,12 @@ def flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
 
 
+def same_start(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether a and b begin at the same address (an output on an input's own buffer). The
+    bounds test first: `.ctypes.data` costs about 1.5 us an array, paid only on overlap."""
+    return np.may_share_memory(a, b) and a.ctypes.data == b.ctypes.data
+
+
 def jit_view(a: np.ndarray) -> np.ndarray:
     """A float16 / float32 array as the compiled loops take it: float16 as its uint16 bits."""
     return a.view(np.uint16) if a.dtype == F16 else a

@@ -12,8 +12,8 @@ import numpy as np
 
 from ._blocks import (as_f32, contiguous_rows, each_range, elem_blocks, f32_work, out_array,
                       row_blocks, store)
-from ._util import (F16, F32, from_f16, jit_loops, jit_view, np_dtype, scratch, via_f32,
-                    without_out)
+from ._util import (F16, F32, from_f16, jit_loops, jit_view, np_dtype, same_start, scratch,
+                    via_f32, without_out)
 from .registry import kernel
 
 _K = np.float32(np.sqrt(2.0 / np.pi))
@@ -116,7 +116,7 @@ def _elementwise(block_fn: Callable, dt: np.dtype, shape, may_alias: bool = Fals
             blk = [as_f32(a[lo:hi], f"ew_in{i}") for i, a in enumerate(flat_in)]
             o = flat_out[lo:hi]
             work = f32_work(o, "ew_out", hi - lo)
-            if not may_alias and work is o and any(b.ctypes.data == o.ctypes.data for b in blk):
+            if not may_alias and work is o and any(same_start(b, o) for b in blk):
                 work = scratch("ew_out", hi - lo)
             block_fn(*blk, work)
             store(work, o)
@@ -134,7 +134,7 @@ def _gelu_block_jit(x: np.ndarray, y: np.ndarray) -> None:
     """`_gelu_block` with its passes around tanh compiled (the same operations: same bits)."""
     jit = jit_loops() if x.size > 0 else None
     if jit is None:
-        if y.ctypes.data == x.ctypes.data:
+        if same_start(y, x):
             t = scratch("ew_out", x.size)
             _gelu_block(x, t)
             y[...] = t
@@ -144,7 +144,7 @@ def _gelu_block_jit(x: np.ndarray, y: np.ndarray) -> None:
     u = scratch("gelu_u", x.size)
     jit.gelu_inner(x, u)
     np.tanh(u, out=u)
-    if y.ctypes.data == x.ctypes.data:
+    if same_start(y, x):
         jit.gelu_outer_into(y, u)
     else:
         jit.gelu_outer(x, u, y)
@@ -159,8 +159,8 @@ def _gelu_grad_block_jit(dy: np.ndarray, x: np.ndarray, g: np.ndarray) -> None:
     u = scratch("gelu_th", x.size)
     jit.gelu_grad_inner(x, x2, u)
     np.tanh(u, out=u)
-    into_dy = g.ctypes.data == dy.ctypes.data
-    if into_dy or g.ctypes.data == x.ctypes.data:       # g is dy's or x's own memory
+    into_dy = same_start(g, dy)
+    if into_dy or same_start(g, x):       # g is dy's or x's own memory
         jit.gelu_grad_outer_into(dy, x, x2, u, into_dy)
     else:
         jit.gelu_grad_outer(dy, x, x2, u, g)
