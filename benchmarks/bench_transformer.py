@@ -12,7 +12,10 @@ the contenders alternate round by round, and the figures are medians over rounds
 * CPU time per step (user + system, `resource.getrusage`), its ratio to torch's, peak RSS,
   minor page faults per step, and the "compile" time (popxl: IR build + Session creation;
   torch: building the model and the optimiser) at sizes a, b, c (float32);
-* popxl float16 against popxl float32 (same run);
+* popxl float16 against popxl float32 (same run), and the same paired in one process (part
+  `f16pair`: both programs' Sessions in one fresh process, their steps alternating, the median
+  of the step-by-step ratios; the machine's drift between processes is larger than the
+  difference, and within a pair both steps see the same machine);
 * IR build + Session creation of the size-a model unrolled to 8, 32 and 96 layers (log-log slope);
 * data parallel over 2 MPI ranks (`popxl-run --backend mpi --workers 2`, all-reduce of every
   gradient) against torch DDP (gloo, 2 processes), samples/s at sizes a and b;
@@ -27,15 +30,16 @@ the contenders alternate round by round, and the figures are medians over rounds
 
     python benchmarks/bench_transformer.py                      # everything (torch optional)
     python benchmarks/bench_transformer.py --parts step --sizes a b --rounds 5
-    python benchmarks/bench_transformer.py --parts f16 compile dp blas
+    python benchmarks/bench_transformer.py --parts f16 f16pair compile dp blas
     python benchmarks/bench_transformer.py --parts wall scaling --markdown   # + a Markdown table
 
-The 1-thread parts (`step`, `f16`) pin both contenders to one thread (`POPXL_THREADS=1`, torch
+The 1-thread parts (`step`, `f16`, `f16pair`) pin both contenders to one thread (`POPXL_THREADS=1`, torch
 `set_num_threads(1)` and the BLAS / OpenMP variables at 1). `--markdown` ends with a table of
 every figure measured, headed by the machine, the versions and the load average.
 
 Nothing here asserts on time. A contender can be run alone in worker mode:
-`--run popxl|torch --size b [--dtype float16] [--layers 8] [--replicas 2]` prints one JSON line.
+`--run popxl|torch --size b [--dtype float16] [--layers 8] [--replicas 2]` prints one JSON line
+(`--run f16pair --size a`: the paired float16 / float32 measurement).
 """
 from __future__ import annotations
 
@@ -61,6 +65,7 @@ SIZES = {
     "c": dict(hidden=768, layers=2, heads=12, seq=256, vocab=8192, batch=4),
 }
 STEPS = {"a": 40, "b": 12, "c": 6}          # measured steps per run (after WARMUP)
+PAIRS = {"a": 300, "b": 40, "c": 10}        # step pairs of `f16pair`
 WARMUP = 2
 LR = 1e-3
 EPS = 1e-5
@@ -238,6 +243,46 @@ def run_popxl(args, cfg) -> Dict[str, Any]:
         rec = measure(step, args.steps)
     rec.update(build_s=t1 - t0, session_s=t2 - t1, compile_s=t2 - t0)
     return rec
+
+
+def run_f16_pair(args, cfg) -> Dict[str, Any]:
+    """The float32 and float16 programs' Sessions in this process, their steps alternating (the
+    order swapped every pair): CPU time per step of each and the median of their ratios."""
+    import popxl
+
+    _import_builders()
+    data = make_data(cfg, 1)
+    sessions = {}
+    for dt in ("float32", "float16"):
+        np.random.seed(0)
+        ir, (tok_s, lab_s, loss_s), variables = popxl_model(cfg, dt, 1)
+        sess = popxl.Session(ir, "ipu_hw")
+        npd = np.float16 if dt == "float16" else np.float32
+        sess.write_variables_data({variables[n]: w.astype(npd)
+                                   for n, w in init_weights(cfg).items()})
+        sessions[dt] = (sess, tok_s, lab_s, loss_s)
+    times: Dict[str, List[float]] = {dt: [] for dt in sessions}
+    for sess, *_ in sessions.values():
+        sess.__enter__()
+    try:
+        for i in range(WARMUP + args.steps):
+            order = ("float32", "float16") if i % 2 == 0 else ("float16", "float32")
+            for dt in order:
+                sess, tok_s, lab_s, loss_s = sessions[dt]
+                tok, lab = data[i % len(data)]
+                t0 = time.process_time()
+                sess.run({tok_s: tok[0], lab_s: lab[0]})
+                if i >= WARMUP:
+                    times[dt].append(time.process_time() - t0)
+    finally:
+        for sess, *_ in sessions.values():
+            sess.__exit__(None, None, None)
+    ratios = sorted(b / a for a, b in zip(times["float32"], times["float16"]))
+    q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
+    return {"f32_step_ms": 1e3 * statistics.median(times["float32"]),
+            "f16_step_ms": 1e3 * statistics.median(times["float16"]),
+            "ratio": statistics.median(ratios), "q1": q(0.25), "q3": q(0.75),
+            "pairs": len(ratios)}
 
 
 # --- PyTorch eager ------------------------------------------------------------------------------
@@ -522,6 +567,19 @@ def part_f16(args) -> None:
               f"{a[0]['losses'][0]:.4f}, float32 {b[0]['losses'][0]:.4f}")
 
 
+def part_f16_pair(args) -> None:
+    print("\n## float16 against float32, paired in one process (popxl, 1 thread)")
+    for size in args.sizes:
+        r = launch(worker_cmd("f16pair", size, args.steps or PAIRS[size]))
+        row(f"float16 / float32 CPU time per step, size {size}, paired in one process",
+            f"{r['f16_step_ms']:.1f} ms", f"float32 {r['f32_step_ms']:.1f} ms", r["ratio"],
+            None, "<= 1.3x")
+        TABLE[-1]["ratio"] += f" (quartiles {r['q1']:.2f}-{r['q3']:.2f}, {r['pairs']} pairs)"
+        print(f"size {size}: float16 {r['f16_step_ms']:.1f} ms/step, float32 "
+              f"{r['f32_step_ms']:.1f} ms/step (medians): float16 / float32 = {r['ratio']:.2f}x "
+              f"(median of {r['pairs']} step pairs; quartiles {r['q1']:.2f}-{r['q3']:.2f})")
+
+
 def part_compile(args) -> None:
     layer_counts = (8, 32, 96)
     print(f"\n## IR build + Session creation (CPU time), size a unrolled (median of "
@@ -701,7 +759,7 @@ def markdown(header: str, load_start, load_end) -> str:
 
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parts = ["step", "f16", "compile", "dp", "blas", "wall", "scaling"]
+    parts = ["step", "f16", "f16pair", "compile", "dp", "blas", "wall", "scaling"]
     p.add_argument("--parts", nargs="+", default=parts, choices=parts)
     p.add_argument("--markdown", action="store_true",
                    help="end with a Markdown table of the figures (machine and load average)")
@@ -709,7 +767,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=0, help="measured steps per run (0: per size)")
     # worker mode
-    p.add_argument("--run", choices=["popxl", "torch", "compile"])
+    p.add_argument("--run", choices=["popxl", "torch", "compile", "f16pair"])
     p.add_argument("--size", default="a", choices=list(SIZES))
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     p.add_argument("--layers", type=int, default=0)
@@ -724,8 +782,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         cfg = dict(SIZES[args.size])
         if args.layers:
             cfg["layers"] = args.layers
-        args.steps = args.steps or STEPS[args.size]
-        fn = {"popxl": run_popxl, "torch": run_torch, "compile": compile_only}[args.run]
+        args.steps = args.steps or (PAIRS if args.run == "f16pair" else STEPS)[args.size]
+        fn = {"popxl": run_popxl, "torch": run_torch, "compile": compile_only,
+              "f16pair": run_f16_pair}[args.run]
         rec = fn(args, cfg)
         if args.run != "torch" or args.ddp_rank == 0:
             emit(rec)
@@ -742,6 +801,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         part_step(args, torch_ok)
     if "f16" in args.parts:
         part_f16(args)
+    if "f16pair" in args.parts:
+        part_f16_pair(args)
     if "compile" in args.parts:
         part_compile(args)
     if "dp" in args.parts:
