@@ -10,9 +10,10 @@ Contenders, each in a fresh process (2 processes at once for `pair`), alternatin
   torch1    the same product in PyTorch, 1 thread (when torch is installed)
   torch2    the same product in PyTorch, 2 threads
 
-pair / solo is what two cores give over one for SGEMM on this machine, whoever computes it: a
-VM's vCPUs that share a physical core's vector units, or a CPU whose clock drops when more
-cores are busy, cap it below 2x. split and torch2 both meet that ceiling.
+pair / solo is what two cores give over one for SGEMM on this machine, whoever computes it. On
+a VM whose vCPUs share the host's vector units or clock budget with other work, one process
+alone runs fast in some rounds and slow in others: the ratio moves with it (1.6-2.4x measured
+here). split and torch2 meet the same ceiling.
 
     python benchmarks/bench_cores.py [--rounds 5] [--markdown]
     python benchmarks/bench_cores.py --run solo       # one contender, one JSON line
@@ -29,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SMALL = (240, 256, 512)           # fits in L2 with its operands: FMA-bound, not memory-bound
@@ -92,7 +93,7 @@ def _launch(kind: str, copies: int = 1) -> float:
     return total
 
 
-def main(argv: List[str] = None) -> None:
+def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--markdown", action="store_true", help="end with a Markdown table")

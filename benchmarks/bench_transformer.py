@@ -33,9 +33,10 @@ the contenders alternate round by round, and the figures are medians over rounds
     python benchmarks/bench_transformer.py --parts f16 f16pair compile dp blas
     python benchmarks/bench_transformer.py --parts wall scaling --markdown   # + a Markdown table
 
-The 1-thread parts (`step`, `f16`, `f16pair`) pin both contenders to one thread (`POPXL_THREADS=1`, torch
-`set_num_threads(1)` and the BLAS / OpenMP variables at 1). `--markdown` ends with a table of
-every figure measured, headed by the machine, the versions and the load average.
+The 1-thread parts (`step`, `f16`, `f16pair`) pin both contenders to one thread
+(`POPXL_THREADS=1`, torch `set_num_threads(1)` and the BLAS / OpenMP variables at 1).
+`--markdown` ends with a table of every figure measured, headed by the machine, the versions
+and the load average.
 
 Nothing here asserts on time. A contender can be run alone in worker mode:
 `--run popxl|torch --size b [--dtype float16] [--layers 8] [--replicas 2]` prints one JSON line
@@ -277,12 +278,11 @@ def run_f16_pair(args, cfg) -> Dict[str, Any]:
     finally:
         for sess, *_ in sessions.values():
             sess.__exit__(None, None, None)
-    ratios = sorted(b / a for a, b in zip(times["float32"], times["float16"]))
-    q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
+    ratios = [b / a for a, b in zip(times["float32"], times["float16"])]
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
     return {"f32_step_ms": 1e3 * statistics.median(times["float32"]),
             "f16_step_ms": 1e3 * statistics.median(times["float16"]),
-            "ratio": statistics.median(ratios), "q1": q(0.25), "q3": q(0.75),
-            "pairs": len(ratios)}
+            "ratio": statistics.median(ratios), "q1": q1, "q3": q3, "pairs": len(ratios)}
 
 
 # --- PyTorch eager ------------------------------------------------------------------------------
