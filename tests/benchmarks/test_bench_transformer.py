@@ -80,3 +80,10 @@ def test_gpt_losses_do_not_depend_on_the_thread_count(monkeypatch):
         args = types.SimpleNamespace(dtype=dtype, replicas=1, steps=2)
         results = over_thread_counts(monkeypatch, lambda: bench.run_popxl(args, dict(cfg))["losses"])
         assert_same_bits_and_parallel(results)
+
+
+def test_f16_pair_times_both_programs_step_by_step():
+    rec = bench.run_f16_pair(types.SimpleNamespace(steps=4), dict(CFG))
+    assert rec["pairs"] == 4
+    assert rec["f32_step_ms"] > 0 and rec["f16_step_ms"] > 0
+    assert rec["q1"] <= rec["ratio"] <= rec["q3"]
