@@ -192,8 +192,7 @@ class _Relay:
 
     def notify(self, origin: int, message: str, died: bool = False) -> None:
         """Tell every other instance that `origin` failed (once per origin). `died`: its actor
-        died, and `message` describes its process (the instances raise `WorkerDied`, as when
-        they see its link close first)."""
+        died (the instances raise `WorkerDied`, as when they see its link close first)."""
         if origin not in self.notified:
             self.notified.add(origin)
             self._queue.put((origin, message, died))
@@ -339,7 +338,7 @@ def _supervise(ray, refs, table, relay: _Relay, printer: _Printer) -> int:
                 ended.append(i)
             except ray.exceptions.RayActorError:
                 printer.note(i, f"popxl-run: instance {i} (Ray actor, pid {pid} on {host}) died")
-                relay.notify(i, f"Ray actor, pid {pid} on {host}", died=True)
+                relay.notify(i, f"its Ray actor (pid {pid} on {host}) died", died=True)
                 code = 1
             except ray.exceptions.RayTaskError as e:
                 printer.note(i, f"popxl-run: instance {i} failed: {e}")

@@ -17,7 +17,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 from ...errors import InstanceFailed, WorkerDied
 from ..process.polling import Backoff
@@ -32,13 +32,12 @@ __all__ = ["LinkInstanceGroup", "Uplink"]
 class Uplink:
     """An instance's link to its launcher, owned by a thread: `post` queues a message for the
     launcher (output, a failure notice, goodbye); failure notices from the launcher land in
-    `failures` (origin -> message), those of instances whose actor died in `deaths` (origin ->
-    a description of its process)."""
+    `failures` (origin -> message), those of instances whose actor died in `deaths`."""
 
     def __init__(self, link: Link):
         self.link = link
         self.failures: Dict[int, str] = {}
-        self.deaths: Dict[int, str] = {}
+        self.deaths: Set[int] = set()
         self._queue: "queue.Queue" = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="popxl-uplink", daemon=True)
@@ -49,8 +48,10 @@ class Uplink:
 
     def _deliver(self, m: Message) -> None:
         if m.kind == FAILED:
-            into = self.deaths if m.b else self.failures
-            into.setdefault(m.a, m.meta.decode("utf-8", "replace"))
+            if m.b:
+                self.deaths.add(m.a)
+            else:
+                self.failures.setdefault(m.a, m.meta.decode("utf-8", "replace"))
 
     def _loop(self) -> None:
         link = self.link
@@ -175,15 +176,12 @@ class LinkInstanceGroup(InstanceGroup):
         """Raise InstanceFailed if an instance failed (its own notice, or the launcher's), or
         WorkerDied if the launcher saw its actor die (what the link closing would raise)."""
         notices = dict(self.uplink.failures) if self.uplink is not None else {}
-        deaths = dict(self.uplink.deaths) if self.uplink is not None else {}
+        deaths = set(self.uplink.deaths) if self.uplink is not None else set()
         notices.update(self.ep.failures)
         if notices or deaths:
-            origin = min(set(notices) | set(deaths))
+            origin = min(set(notices) | deaths)
             if origin in deaths and origin not in self.ep.failures:
-                err = WorkerDied(f"instance {origin} ({deaths[origin]}) died")
-                err.workers = [origin]
-                err.instance = origin
-                raise err
+                raise self.died([origin])
             raise InstanceFailed(f"instance {origin} failed: {notices[origin]}", origin)
 
     def died(self, dead: List[int]) -> WorkerDied:
